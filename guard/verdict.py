@@ -78,6 +78,8 @@ class Verdict:
             (copy it with ``dict(...)`` to change it).
         status: HTTP status for ``block`` (403 default, 429 for rate-like rules, 503 for fail-closed).
         message: the rule's message for the caller or the model.
+        message_from_input: the message may repeat text the subject sent (a refusal's reason naming a JSON key or
+            path, a charset, a parameter's spelling): the decision log leaves it out under ``log_input="none"``.
         handoff: the handoff target named by the rule.
         cache_hit: the answers came from the probability cache.
         backend: the backend's name.
@@ -113,6 +115,7 @@ class Verdict:
     answers: dict[str, AnswerV1] = field(default_factory=dict)
     status: int | None = None
     message: str | None = None
+    message_from_input: bool = False
     handoff: str | None = None
     cache_hit: bool = False
     backend: str | None = None

@@ -33,7 +33,7 @@ from guard._json import loads as strict_loads
 from guard.agents._quiet import quiet_model, quiet_tokens
 from guard.engine import verdicts
 from guard.engine.ids import new_decision_id
-from guard.engine.telemetry import RAW_ARGUMENTS_FLAG, ReviewEvent, record_review
+from guard.engine.telemetry import MALFORMED_FLAG, RAW_ARGUMENTS_FLAG, ReviewEvent, record_review
 from guard.errors import HandoffError, InvalidJson
 from guard.subject import AgentSubject
 from guard.verdict import Action, FailMode, Verdict
@@ -441,7 +441,7 @@ class Judge:
     def malformed(self, subject: AgentSubject, problem: str, raw: str | None) -> Verdict:
         """Record the decision for a malformed call (block, rule ``malformed_arguments``) and return it."""
         policy = self.accountable(subject)
-        flags: dict[str, Any] = {"malformed": problem}
+        flags: dict[str, Any] = {MALFORMED_FLAG: problem}
         if raw is not None:
             flags[RAW_ARGUMENTS_FLAG] = raw[:1000]
         verdict = verdicts.refused(

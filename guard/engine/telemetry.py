@@ -893,6 +893,9 @@ def _scrub(node: Any, scrub: Callable[[str], str]) -> Any:
 
 RAW_ARGUMENTS_FLAG = "raw_arguments"
 """The verdict flag that holds a malformed tool call's raw argument text (input, redacted like ``input``)."""
+MALFORMED_FLAG = "malformed"
+"""The verdict flag that says what is wrong with a malformed tool call; it may quote the arguments (a duplicate key),
+so the decision log treats it as the verdict's ``message_from_input`` message."""
 # A key in JSON-like text that may be malformed or cut off, up to its ``:`` (or a keyword argument's ``=``):
 # double-quoted (escapes kept), single-quoted, or a bare identifier (the shapes a model writes).
 _RAW_KEY = re.compile(
@@ -1131,8 +1134,8 @@ def _scrub_shapes(text: str, *, cards: bool = True) -> str:
 
 def _scrub_record(record: dict[str, Any], values: list[str], *, shapes: bool = False, cards: bool = True) -> None:
     """``values`` (and the bare keys inside ``Authorization``-style ones, and each as raw request text may spell it:
-    :func:`_spellings`) replaced by ``[redacted]`` in the record's ``input``, ``state``, raw argument text, ``error``
-    and each ``policies[].error``; values under 4 characters only when they are 3 digits (shorter ones would hit
+    :func:`_spellings`) replaced by ``[redacted]`` in the record's ``input``, ``state``, raw argument text and
+    malformed call's problem, ``result.message``, ``error`` and each ``policies[].error``; values under 4 characters only when they are 3 digits (shorter ones would hit
     words); with ``shapes``, what :func:`_scrub_shapes` replaces too (card numbers only with ``cards``). See
     :class:`Scrubber` for the cost."""
     values = secret_values(values)
@@ -1147,8 +1150,13 @@ def _scrub_record(record: dict[str, Any], values: list[str], *, shapes: bool = F
     record["input"] = _scrub(record.get("input"), scrub)
     record["state"] = _scrub(record.get("state"), scrub)
     flags = record.get("flags")
-    if isinstance(flags, dict) and isinstance(flags.get(RAW_ARGUMENTS_FLAG), str):
-        flags[RAW_ARGUMENTS_FLAG] = scrub(flags[RAW_ARGUMENTS_FLAG])
+    if isinstance(flags, dict):
+        for name in (RAW_ARGUMENTS_FLAG, MALFORMED_FLAG):
+            if isinstance(flags.get(name), str):
+                flags[name] = scrub(flags[name])
+    result = record.get("result")
+    if isinstance(result, dict) and isinstance(result.get("message"), str):
+        result["message"] = scrub(result["message"])
     if isinstance(record.get("error"), str):
         record["error"] = scrub(record["error"])
     for contribution in record.get("policies") or ():
@@ -1436,8 +1444,11 @@ class DecisionLog:
             _scrub_record(record, removed)  # what the pointers removed (the credential headers) repeated elsewhere
         else:
             record["input"] = record["state"] = None
-            if isinstance(record["flags"], dict) and RAW_ARGUMENTS_FLAG in record["flags"]:
-                record["flags"][RAW_ARGUMENTS_FLAG] = None
+            if verdict.message_from_input:  # ``rule`` names the refusal
+                record["result"]["message"] = None
+            for name in (RAW_ARGUMENTS_FLAG, MALFORMED_FLAG):
+                if isinstance(record["flags"], dict) and name in record["flags"]:
+                    record["flags"][name] = None
         if not self.include_input:
             record["input"] = None
             erased = [pointer for pointer in erased if not pointer.startswith("/input/")]

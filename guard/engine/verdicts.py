@@ -100,6 +100,7 @@ def make(
     answers: Mapping[str, AnswerV1] | None = None,
     status: int | None = None,
     message: str | None = None,
+    message_from_input: bool = False,
     handoff: str | None = None,
     cache_hit: bool = False,
     backend: str | None = None,
@@ -134,6 +135,7 @@ def make(
         answers=answers if answers is not None else {},  # type: ignore[arg-type]
         status=status,
         message=message,
+        message_from_input=message_from_input,
         handoff=handoff,
         cache_hit=cache_hit,
         backend=backend,
@@ -306,6 +308,7 @@ def combined(
         answers=decisive.answers,
         status=decisive.status,
         message=decisive.message,
+        message_from_input=decisive.message_from_input,
         handoff=decisive.handoff,
         cache_hit=bool(asked) and all(c.cache_hit for c in asked),
         backend=decisive.backend,
@@ -364,7 +367,8 @@ def state_refused(
     """The block for a state ``policy`` will not judge, whatever its ``on_error`` says; no model was asked: a field
     over its ``max_chars`` with ``truncate: error`` (413, :data:`STATE_TOO_LONG_RULE`), or a value it reads as one
     sent more than once, under another name, or that Rails on Rack 2 reads otherwise at ``;`` (400,
-    :data:`STATE_AMBIGUOUS_RULE`)."""
+    :data:`STATE_AMBIGUOUS_RULE`). Its message names what the request sent (a parameter's spelling, a JSON pointer):
+    ``message_from_input``."""
     if isinstance(exc, StateTooLong):
         rule, status = STATE_TOO_LONG_RULE, STATE_TOO_LONG_STATUS
         message = STATE_TOO_LONG_MESSAGE.format(field=exc.field, length=exc.length, max_chars=exc.max_chars)
@@ -381,6 +385,7 @@ def state_refused(
         rule=rule,
         status=status,
         message=message,
+        message_from_input=True,
         backend=backend,
         model_revision=model_revision,
         latency_ms=latency_ms,
@@ -467,7 +472,8 @@ def refused(
     """A block made before any decision because the input cannot be judged: an HTTP body that cannot be inspected
     (``rule`` = the body error's code; ``phase`` ``response`` for an upstream response), a malformed tool call
     (``malformed_arguments``). With ``shadow`` (every matching policy is in shadow mode, where the enforcement point
-    allows it) the verdict allows and records the refusal as ``shadow_action`` ``block``."""
+    allows it) the verdict allows and records the refusal as ``shadow_action`` ``block``. ``message`` may quote the
+    input (a JSON key, a charset): ``message_from_input``."""
     return make(
         "block",
         decision_id,
@@ -476,6 +482,7 @@ def refused(
         rule=rule,
         status=status,
         message=message,
+        message_from_input=True,
         error=error,
         flags=flags,
         phase=phase,
@@ -514,6 +521,7 @@ def unsettled_handoff(verdict: Verdict, mode: FailMode, reason: str) -> Verdict:
         answers=verdict.answers,
         status=verdict.status,
         message=verdict.message,
+        message_from_input=verdict.message_from_input,
         handoff=verdict.handoff,
         cache_hit=verdict.cache_hit,
         backend=verdict.backend,

@@ -18,7 +18,7 @@ from guard.cli import build_parser
 from guard.cli.cmd_proxy import build
 from guard.engine import Guard
 from guard.engine.telemetry import DecisionLog
-from tests.asgi._apps import POLICY, guarded_app
+from tests.asgi._apps import POLICY, client_for, guarded_app
 from tests.asgi._servers import serve_in_thread
 
 pytestmark = pytest.mark.anyio
@@ -69,6 +69,27 @@ async def test_headers_an_audit_reads_can_be_kept(make_guard: GuardFactory) -> N
     record = await _logged(make_guard, "redacted", logged_headers={"X-Customer-Tier", "content-type"})
     assert record["input"]["headers"] == {"x-customer-tier": "premium", "content-type": "application/json"}
     assert not [s for s in SECRETS if s in json.dumps(record)]
+
+
+@pytest.mark.parametrize("mode", ["none", "redacted"])
+async def test_refusal_messages_quoting_the_body_are_left_out_or_scrubbed(make_guard: GuardFactory,
+                                                                          mode: str) -> None:
+    """A refusal's message quotes what the client sent (a duplicate key, a JSON path, a charset): the client is
+    answered with it, the log under ``none`` names the refusal by its rule only, under ``redacted`` scrubs it."""
+    key = "sk-proj-abcdefghijklmnopqrstuvwxyz123456"
+    lines: list[str] = []
+    guard = make_guard(decision_log=DecisionLog(lines.append, log_input=mode))
+    async with client_for(guarded_app(guard)) as client:
+        for body, content_type, rule in [
+            (f'{{"{key}": 1, "{key}": 2}}', "application/json", "invalid_json_duplicate_key"),
+            (f'{{"{key}": "\\ud800"}}', "application/json", "invalid_json_lone_surrogate"),
+            ('{"text": "hi"}', f"application/json; charset={key}", "unsupported_charset"),
+        ]:
+            response = await client.post("/v1/chat", content=body, headers={"content-type": content_type})
+            assert response.json()["code"] == rule and key in response.json()["message"]
+            record = json.loads(lines.pop())
+            assert record["result"]["rule"] == rule and key not in json.dumps(record)
+            assert (record["result"]["message"] is None) == (mode == "none")
 
 
 async def test_none_and_full(make_guard: GuardFactory) -> None:

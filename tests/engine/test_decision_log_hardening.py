@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from guard.engine import Guard
+from guard.engine import Guard, verdicts
 from guard.engine.telemetry import (
     MAX_DEPTH,
     MAX_DOCUMENT_STRINGS,
@@ -270,6 +270,22 @@ def test_the_log_scrubs_secret_values_from_errors_too() -> None:
         assert "sk-live" not in event["policies"][0]["error"]
     event = DecisionLog(io.StringIO()).event(verdict, subject)
     assert event["error"] == "backend: echoed [redacted] and [redacted]"
+
+
+def test_a_malformed_tool_calls_problem_is_left_out_under_none_and_scrubbed_under_redacted() -> None:
+    """A malformed call's problem quotes its arguments (a duplicate key), in ``result.message`` and the ``malformed``
+    flag: ``none`` writes neither, ``redacted`` scrubs both; a rule's own message is kept (attack finding)."""
+    problem = "arguments are not acceptable JSON: duplicate key 'sk-proj-abcdefghijklmnopqrstuvwxyz123456' in an object"
+    verdict = verdicts.refused(None, decision_id="d1", rule="malformed_arguments", status=400, message=problem,
+                               flags={"malformed": problem})
+    subject = AgentSubject(event="tool_call", tool_name="t")
+    none = DecisionLog(io.StringIO(), log_input="none").event(verdict, subject)
+    assert none["result"]["message"] is None and none["flags"]["malformed"] is None
+    redacted = DecisionLog(io.StringIO()).event(verdict, subject)
+    assert redacted["result"]["message"] == redacted["flags"]["malformed"] == problem.replace(
+        "sk-proj-abcdefghijklmnopqrstuvwxyz123456", "[redacted]")
+    rule = Verdict("block", "d2", policy_id="p", rule="r", message="Blocked: this asks for secrets.")
+    assert DecisionLog(io.StringIO(), log_input="none").event(rule, subject)["result"]["message"] == rule.message
 
 
 def test_cookie_values_and_decoded_basic_credentials_are_scrubbed_where_the_body_repeats_them() -> None:
