@@ -41,6 +41,7 @@ are refused with a reason (:mod:`guard.asgi._websocket`).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import re
 import ssl
@@ -570,16 +571,40 @@ def _upstream_failure(exc: UpstreamError) -> tuple[int, dict[str, Any]]:
 
 
 _W3C = TraceContextTextMapPropagator()
+_EXTRACTING = contextvars.ContextVar("guard_client_trace_context", default=False)
+#: The OpenTelemetry loggers that warn of a malformed ``traceparent`` / ``tracestate`` while it is read.
+_TRACE_CONTEXT_LOGGERS = ("opentelemetry.trace.propagation.tracecontext", "opentelemetry.trace.span")
+
+
+class _QuietWhileExtracting(logging.Filter):
+    """Drops what OpenTelemetry logs while :func:`_client_trace_context` reads a client's trace headers (``Member
+    doesn't match the w3c identifiers format <the client's text>``, a header over its length): a malformed header is
+    the client's, its context is dropped, and a client sending one on every request would fill the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _EXTRACTING.get()
+
+
+for _name in _TRACE_CONTEXT_LOGGERS:
+    logging.getLogger(_name).addFilter(_QuietWhileExtracting())
 
 
 def _client_trace_context(scope: Scope) -> otel_context.Context:
     """The trace context of a request's ``traceparent`` / ``tracestate`` headers (W3C Trace Context only: the
-    client's ``baggage`` is not taken); the empty context when they are missing or malformed."""
-    carrier = {}
+    client's ``baggage`` is not taken); the empty context when they are missing or malformed, or ``traceparent`` is
+    sent more than once (W3C Trace Context: several are invalid). Several ``tracestate`` headers are read as one,
+    joined with commas."""
+    carrier: dict[str, list[str]] = {"traceparent": [], "tracestate": []}
     for name, value in scope.get("headers", ()):
         if name in (b"traceparent", b"tracestate"):
-            carrier[name.decode("latin-1")] = value.decode("latin-1")
-    return _W3C.extract(carrier) if carrier else otel_context.Context()
+            carrier[name.decode("latin-1")].append(value.decode("latin-1"))
+    if len(carrier["traceparent"]) != 1:
+        return otel_context.Context()
+    token = _EXTRACTING.set(True)
+    try:
+        return _W3C.extract(carrier)
+    finally:
+        _EXTRACTING.reset(token)
 
 
 class ProxyApp:

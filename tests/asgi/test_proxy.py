@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -34,7 +35,7 @@ from starlette.routing import Route
 
 from guard.asgi.admin import admin_app
 from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S, DEFAULT_STREAM_HOLD_CHARS, BodyLimits
-from guard.asgi.proxy import ProxyApp, ProxyConfig, ReverseProxy, _forward_headers, proxy_app
+from guard.asgi.proxy import ProxyApp, ProxyConfig, ReverseProxy, _client_trace_context, _forward_headers, proxy_app
 from guard.asgi.server import server_options
 from guard.cli import build_parser, main
 from guard.cli.cmd_proxy import build
@@ -784,6 +785,27 @@ async def test_the_decision_span_continues_the_clients_traceparent_only_when_tru
     # Not trusted (the default): every decision starts its own trace.
     assert all(t != trace_id and parent is None for t, parent, _ in seen[False])
     provider.shutdown()
+
+
+def test_repeated_trace_headers_and_a_bad_tracestate(caplog: pytest.LogCaptureFixture) -> None:
+    """W3C Trace Context: several ``traceparent`` headers are invalid (the last one won), several ``tracestate`` ones
+    are joined with commas (the last one won); OpenTelemetry's warning quoting a bad ``tracestate`` was logged on every
+    request (attack finding), and is still logged outside a client's headers."""
+    parent = b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-01"
+    other = b"00-" + b"c" * 32 + b"-" + b"b" * 16 + b"-01"
+
+    def read(*headers: tuple[bytes, bytes]) -> trace.SpanContext:
+        return trace.get_current_span(_client_trace_context({"headers": list(headers)})).get_span_context()
+
+    assert read((b"traceparent", parent)).trace_id == int("a" * 32, 16)
+    assert not read((b"traceparent", parent), (b"traceparent", other)).is_valid
+    joined = read((b"traceparent", parent), (b"tracestate", b"x=1"), (b"tracestate", b"y=2"))
+    assert dict(joined.trace_state) == {"x": "1", "y": "2"}
+    with caplog.at_level(logging.DEBUG):
+        bad = read((b"traceparent", parent), (b"tracestate", b"k=\xff\xfe-client-text"))
+        assert bad.is_valid and not bad.trace_state and "client-text" not in caplog.text
+        trace.TraceState.from_header(["k=\xff-own-text"])
+    assert "own-text" in caplog.text
 
 
 def test_cli_a_review_store_it_cannot_read_is_logged_at_start_and_degrades_health(
