@@ -169,13 +169,15 @@ class ResponseJudge:
         guard: the engine. request: the request's head subject. watching: the response policies that watch it.
         send: the next ``send``. limits: read limits and the stream window. metrics: counters.
         headers: added to the application's ``http.response.start`` (the request's decision headers).
+        cache_scope: the request's cache scope (its tenant; ``Guard.aevaluate(cache_scope=...)``), or ``None``.
     """
 
     def __init__(
         self, guard: Guard, request: HttpSubject, watching: tuple[Policy, ...], send: Send, limits: BodyLimits,
-        metrics: HttpMetrics, headers: HeaderList = (),
+        metrics: HttpMetrics, headers: HeaderList = (), *, cache_scope: str | None = None,
     ) -> None:
         self.guard, self.request, self.watching, self.send = guard, request, watching, send
+        self.cache_scope = cache_scope
         self.limits, self.metrics, self.extra = limits, metrics, headers
         self.mode = "start"  # start -> pass | whole | stream -> done
         self.policies: tuple[Policy, ...] = ()
@@ -627,7 +629,7 @@ class ResponseJudge:
     # Verdicts --------------------------------------------------------------------------------------------------
 
     async def _judge(self, subject: HttpSubject) -> Verdict:
-        verdict = await self.guard.aevaluate(subject, policies=self.policies)
+        verdict = await self.guard.aevaluate(subject, policies=self.policies, cache_scope=self.cache_scope)
         self.metrics.count_response(verdict.policy_id or "", verdict.action)
         return verdict
 

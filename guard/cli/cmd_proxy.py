@@ -1,7 +1,7 @@
 """``guard proxy``: a reverse proxy that judges requests before they reach an HTTP service.
 
     guard proxy --policy policies/api_abuse_compact.yaml --upstream http://127.0.0.1:9000 [--listen 127.0.0.1:8080]
-                [--admin-listen 127.0.0.1:9901] [--tenant-header NAME]
+                [--admin-listen 127.0.0.1:9901] [--tenant-header NAME [--shared-tenant-cache]]
                 [--backend compact | local:DIR [--device cuda] [--dtype auto] | http://URL] [--redis-url redis://...]
                 [--cache-local-ttl SECONDS] [--review-tokens-env VAR | --review-insecure-loopback]
                 [--max-body-bytes N] [--decision-log FILE]
@@ -124,7 +124,11 @@ def register(subparsers: Any) -> None:
                         f"{DEFAULT_ADMIN_LISTEN}, loopback: bind an internal address for probes and scrapes")
     parser.add_argument("--tenant-header", default=None, metavar="NAME",
                         help="trusted header naming the request's tenant (set by an authenticating layer in front); "
-                        "review items carry it and tenant-scoped reviewers see only theirs")
+                        "review items carry it, tenant-scoped reviewers see only theirs, and each tenant's "
+                        "decisions are cached apart")
+    parser.add_argument("--shared-tenant-cache", action="store_true",
+                        help="with --tenant-header, share probability-cache entries across tenants (more hits; a "
+                        "tenant can then time whether another sent the same text within the cache ttl)")
     parser.add_argument("--header-timeout", type=positive_seconds, default=DEFAULT_HEADER_TIMEOUT_S, metavar="S",
                         help="seconds a client has to send a request head (line and headers) before the connection "
                         f"is closed (default {DEFAULT_HEADER_TIMEOUT_S:g})")
@@ -385,6 +389,7 @@ def build(args: argparse.Namespace) -> ProxyRuntime:
         "client_hops": args.client_hops,
         "decision_headers": args.decision_headers,
         "tenant_header": args.tenant_header,
+        "cache_per_tenant": not args.shared_tenant_cache,
         "limits": limits,
     }
     if args.max_body_bytes is not None:

@@ -48,6 +48,7 @@ from guard.engine.health import (
     refused_config,
 )
 from guard.engine.ids import new_decision_id
+from guard.engine.keys import scoped_key
 from guard.engine.plan import Group, Plan, group_plans
 from guard.engine.telemetry import DecisionLog, Telemetry
 from guard.engine.verdicts import STATE_TOO_LONG_RULE, STATE_TOO_LONG_STATUS
@@ -269,13 +270,17 @@ class Guard:
         """Every policy whose ``match`` accepts ``subject``, in match order; empty when none does."""
         return self.policies.matching(subject)
 
-    async def aevaluate(self, subject: Subject, *, policies: Sequence[Policy] | None = None) -> Verdict:
+    async def aevaluate(self, subject: Subject, *, policies: Sequence[Policy] | None = None,
+                        cache_scope: str | None = None) -> Verdict:
         """Decide one subject. Never raises for backend, cache or rule trouble: each policy's fail mode decides.
 
         Args:
             subject: what to decide.
             policies: the policies :meth:`matching` already returned for this subject (an enforcement point that
                 matched before reading the body passes them, so matching is not done twice); ``None`` = match now.
+            cache_scope: keeps this decision's cache entries (and in-flight model calls) apart from those of other
+                scopes (:func:`~guard.engine.keys.scoped_key`): the request's tenant, so that one tenant cannot time
+                whether another sent the same text; ``None``: the entries every unscoped decision shares.
 
         Returns:
             The :class:`Verdict`; ``allow`` with ``policy_id=None`` (and no model call) when no policy matches; when
@@ -287,9 +292,11 @@ class Guard:
         if policies is None:
             policies = self.policies.matching(subject)
         if not self.telemetry.tracing:  # no span to start: no context manager either (part of every cache hit)
-            return self._conclude(None, policies, subject, *await self._decide_all(policies, subject, decision_id, started))
+            return self._conclude(None, policies, subject,
+                                  *await self._decide_all(policies, subject, decision_id, started, cache_scope))
         with self.telemetry.span(subject) as span:
-            return self._conclude(span, policies, subject, *await self._decide_all(policies, subject, decision_id, started))
+            return self._conclude(span, policies, subject,
+                                  *await self._decide_all(policies, subject, decision_id, started, cache_scope))
 
     def _conclude(
         self, span: Any, policies: Sequence[Policy], subject: Subject, verdict: Verdict, lookup: Lookup | None
@@ -308,16 +315,16 @@ class Guard:
             return self._conclude(span, (policy,) if policy is not None else (), subject, verdict, None)
 
     async def _decide_all(
-        self, policies: Sequence[Policy], subject: Subject, decision_id: str, started: float
+        self, policies: Sequence[Policy], subject: Subject, decision_id: str, started: float, cache_scope: str | None
     ) -> tuple[Verdict, Lookup | None]:
         if not policies:
             return verdicts.no_match(decision_id, _since(started)), None
         if len(policies) == 1:
-            return await self._decide(policies[0], subject, decision_id, started)
-        return await self._compose(tuple(policies), subject, decision_id, started)
+            return await self._decide(policies[0], subject, decision_id, started, cache_scope)
+        return await self._compose(tuple(policies), subject, decision_id, started, cache_scope)
 
     async def _decide(
-        self, policy: Policy, subject: Subject, decision_id: str, started: float
+        self, policy: Policy, subject: Subject, decision_id: str, started: float, cache_scope: str | None
     ) -> tuple[Verdict, Lookup | None]:
         """One matching policy (the hot path)."""
         state: Any = None
@@ -330,6 +337,7 @@ class Guard:
             large = carries_over(subject, INLINE_DECISION_CHARS)
             # rules read ``raw``; the model and the cache ``state``
             raw, state, flags, key = await _run(large, plan.prepare, subject)
+            key = scoped_key(key, cache_scope)
             if plan.no_answers is not None:  # rules only: no model call, no cache
                 cached = plan.no_answers
             else:
@@ -357,7 +365,8 @@ class Guard:
         return verdict, lookup
 
     async def _compose(
-        self, policies: tuple[Policy, ...], subject: Subject, decision_id: str, started: float
+        self, policies: tuple[Policy, ...], subject: Subject, decision_id: str, started: float,
+        cache_scope: str | None,
     ) -> tuple[Verdict, Lookup | None]:
         """Several matching policies: one request per :class:`~guard.engine.plan.Group` (started together), each
         policy waiting for its group's answers within its own timeout, then its own rules; then
@@ -390,6 +399,7 @@ class Guard:
                 continue
             try:
                 raw, state, flags, key = await _run(large, group.prepare, subject)
+                key = scoped_key(key, cache_scope)
             except Exception as exc:  # noqa: BLE001 - a state too long (or a failing render) for every member
                 for plan in group.plans:
                     own[id(plan.policy)] = self._failed(plan.policy, subject, exc, decision_id, started, None, {}, None)

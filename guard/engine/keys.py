@@ -1,5 +1,6 @@
-"""Probability-cache keys: a SHA-256 of everything the model sees (:func:`cache_key`), and the same key with the
-constant part computed once per policy (:class:`KeyTemplate`)."""
+"""Probability-cache keys: a SHA-256 of everything the model sees (:func:`cache_key`), the same key with the
+constant part computed once per policy (:class:`KeyTemplate`), and a key kept apart for one tenant
+(:func:`scoped_key`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from guard.systemone import QuestionV1, SystemOneRequestV1
 
-__all__ = ["KEY_VERSION", "KeyTemplate", "cache_key"]
+__all__ = ["KEY_VERSION", "KeyTemplate", "cache_key", "scoped_key"]
 
 #: Bump when the key material changes; old entries then simply miss.
 KEY_VERSION = 2
@@ -90,3 +91,12 @@ def cache_key(request: SystemOneRequestV1, *, backend: str, revision: str) -> st
         videos=request.videos,
     )
     return template.key(request.state)
+
+
+def scoped_key(key: str, scope: str | None) -> str:
+    """``key`` for the entries of one ``scope`` (a tenant): SHA-256 (hex) of the key, a newline and the scope's UTF-8,
+    so that scopes share no entry, and no in-flight call either (a caller cannot time whether another scope sent the
+    same state); ``key`` itself when ``scope`` is ``None``."""
+    if scope is None:
+        return key
+    return hashlib.sha256(f"{key}\n{scope}".encode("utf-8", "surrogatepass")).hexdigest()

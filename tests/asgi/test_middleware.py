@@ -29,6 +29,8 @@ from guard.asgi.limits import BodyLimits
 from guard.backends.compact import CompactBackend
 from guard.backends.local import LocalBackend
 from guard.backends.selftest import clef_canaries
+from guard.cli import build_parser
+from guard.cli.cmd_proxy import build
 from guard.engine import Guard
 from guard.engine.cache import CacheConfig
 from guard.engine.telemetry import DecisionLog
@@ -582,6 +584,30 @@ async def test_cache_hit_skips_the_backend(make_guard: GuardFactory, redis_url: 
             response = await client.post("/v1/echo", json={"message": BENIGN + " cached"})
             assert response.status_code == 200
     assert backend.calls == 1
+
+
+@pytest.mark.parametrize("per_tenant", [True, False])
+async def test_each_tenants_decisions_are_cached_apart(make_guard: GuardFactory, per_tenant: bool) -> None:
+    """A hit answers at once, a miss waits for the model: with one cache for every tenant, a tenant could time whether
+    another sent exactly that text (attack finding). The tenant is part of the key unless the cache is shared."""
+    backend = ScriptedBackend(scripted_answers)
+    guard = make_guard(backend)
+    app = guarded_app(guard, tenant_header="x-tenant", **({} if per_tenant else {"cache_per_tenant": False}))
+    async with client_for(app) as client:
+        for tenant in ("acme", "evil", "acme", "evil"):
+            response = await client.post("/v1/echo", json={"message": BENIGN + " Q3 layoffs"},
+                                         headers={"x-tenant": tenant})
+            assert response.status_code == 200
+    assert backend.calls == (2 if per_tenant else 1)
+
+
+def test_guard_proxy_shares_the_cache_across_tenants_only_when_asked() -> None:
+    argv = ["proxy", "--policy", str(POLICY), "--upstream", "http://127.0.0.1:9", "--backend", "http://127.0.0.1:9",
+            "--tenant-header", "x-tenant"]
+    for extra, per_tenant in (([], True), (["--shared-tenant-cache"], False)):
+        runtime = build(build_parser().parse_args([*argv, *extra]))
+        assert runtime.app.guarded.cache_per_tenant is per_tenant
+        asyncio.run(runtime.aclose())
 
 
 # Shadow mode and the decision log ---------------------------------------------------------------------------------

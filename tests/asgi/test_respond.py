@@ -205,6 +205,24 @@ def slow(tmp_path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     yield from _served(tmp_path, BodyLimits(stream_flush_s=FLUSH_S, stream_overlap_bytes=32, stream_hold_chars=0))
 
 
+@pytest.mark.anyio
+async def test_each_tenants_response_decisions_are_cached_apart(tmp_path: Path) -> None:
+    """Responses are judged under the request's tenant: a tenant cannot time whether another got the same answer."""
+    path = tmp_path / "p.yaml"
+    path.write_text(POLICY)
+    backend = ScriptedBackend(answers)
+    guard = Guard.from_files(path, backends=backend)
+    app = Starlette(routes=ROUTES, middleware=[Middleware(GuardMiddleware, guard=guard, tenant_header="x-tenant")])
+    async with client_for(app) as client:
+        for tenant in ("acme", "evil", "acme"):
+            response = await client.get("/out/plain", params={"kind": "ok"}, headers={"x-tenant": tenant})
+            assert response.json() == {"answer": "all fine"}
+        twice = await client.get("/out/plain", params={"kind": "ok"}, headers=[("x-tenant", "a"), ("x-tenant", "b")])
+    assert backend.calls == 2
+    assert twice.status_code == 400 and twice.json()["code"] == "repeated_header"
+    await guard.aclose()
+
+
 def test_the_app_sees_the_verdict_and_routes_on_its_answers(served: tuple[str, list[Any]]) -> None:
     url, _ = served
     with httpx.Client(base_url=url) as client:
