@@ -52,7 +52,7 @@ from guard.policy._re2 import CANDIDATE_MAX_MEM, Pattern, compile_re2, matcher
 from guard.policy.normalize import FLAG_NAMES as NORMALIZE_FLAG_NAMES
 from guard.policy.normalize import unique_key
 from guard.policy.redact import Redactor
-from guard.systemone import AnswerV1, QuestionType, QuestionV1
+from guard.systemone import AnswerV1, QuestionType, QuestionV1, shown_id
 from guard.verdict import Action
 
 __all__ = [
@@ -770,7 +770,8 @@ def answer_literal_errors(source: str, questions: Mapping[str, QuestionV1], data
         for start, end in _option_literals(masked, name):
             value = source[start + 1 : end - 1]
             if "\\" not in value and value not in options:  # a literal with an escape is not checked
-                out.append(f"{key} has no option {value!r} (its options: {', '.join(options)}); check the spelling")
+                listed = ", ".join(shown_id(option, quoted=False) for option in options)
+                out.append(f"{key} has no option {shown_id(value)} (its options: {listed}); check the spelling")
         fields = rf"({_BOUNDED[question.type]}|probabilities\s*\[\s*(?:\"\s*\"|'\s*')\s*\])"
         for forward, pattern in ((True, _START + name + fields + rf"\s*{_CMP}\s*{_NUMBER}" + _END),
                                  (False, _START + _NUMBER + rf"\s*{_CMP}\s*" + name + fields + _END)):

@@ -30,6 +30,7 @@ from guard.systemone.wire import (
     answer_question,
     confidence,
     require_request,
+    shown_id,
     sum_tolerance,
 )
 
@@ -59,5 +60,6 @@ __all__ = [
     "answer_question",
     "confidence",
     "require_request",
+    "shown_id",
     "sum_tolerance",
 ]

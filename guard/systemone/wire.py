@@ -26,6 +26,7 @@ import dataclasses
 import json
 import math
 import re
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn, get_args
@@ -111,8 +112,17 @@ MAX_USAGE_TOKENS = 10_000_000
 
 
 def _describe(value: Any) -> str:
-    text = repr(value)
+    text = shown_id(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def shown_id(value: Any, *, quoted: bool = True) -> str:
+    """``value`` (an id) as an error message shows it: a string not in Unicode NFC form with :func:`ascii`, so ids
+    that print alike read apart (``'\\u212b'`` beside ``'Å'``); anything else with :func:`repr`, or as it is when
+    ``quoted`` is false and it is a string (an entry of a list of ids)."""
+    if isinstance(value, str) and not unicodedata.is_normalized("NFC", value):
+        return ascii(value)
+    return value if isinstance(value, str) and not quoted else repr(value)
 
 
 def _shown(value: Any) -> str:
@@ -403,6 +413,7 @@ def _validate_criteria(
                 )
             )
         if strict:  # ids are model input (spec pitfall 5): no control or bidi characters, no blank or padded id
+            normalised: dict[str, str] = {}  # NFKC form -> the first id with it
             for option_id in criteria:
                 if not isinstance(option_id, str) or not option_id:
                     errors.append(FieldError(where, f"option id {_describe(option_id)} must be a non-empty string"))
@@ -410,6 +421,12 @@ def _validate_criteria(
                     errors.append(FieldError(where, f"option id {_describe(option_id)} must be text without control "
                                              "or bidi characters, U+200B or U+FEFF, and without leading or trailing "
                                              "whitespace"))
+                # the tokenizer reads NFC forms as one text (U+212B and U+00C5 are the same tokens), and a rule's
+                # reader cannot tell NFKC forms apart either (U+FB01 and "fi")
+                elif (first := normalised.setdefault(unicodedata.normalize("NFKC", option_id), option_id)) != option_id:
+                    errors.append(FieldError(where, f"option ids {_describe(first)} and {_describe(option_id)} are "
+                                             "the same text once Unicode-normalised (NFKC); the model and a rule "
+                                             "cannot tell them apart"))
         return
     if not isinstance(criteria, list):
         errors.append(FieldError(where, f"must be an array of levels, lowest first, got {_json_type(criteria)}"))

@@ -65,6 +65,21 @@ def test_choice_option_ids_in_any_script_load_and_padded_or_bidi_ones_do_not() -
     assert [p.key for p in error.problems] == ["policies[0].questions.topic.criteria"] * 2
 
 
+def test_choice_option_ids_that_are_one_text_once_normalised_do_not_load() -> None:
+    """Å written as A + U+030A and as U+00C5 loaded as two options (attack finding); a rule's literal that differs
+    from an option only in its normal form is reported with the ids escaped, so the difference shows."""
+    old = "{billing: Billing, tech: Tech}"
+    error = load_error(BASE.replace(old, '{"A\u030a": Krone, "\u00c5": Krona}'))
+    reason = ("option ids 'A\\u030a' and '\u00c5' are the same text once Unicode-normalised (NFKC); the model and a "
+              "rule cannot tell them apart")
+    assert [(p.line, p.key, p.reason) for p in error.problems] == [(14, "policies[0].questions.topic.criteria", reason)]
+    error = load_error(BASE.replace(old, '{"A\u030a": Krone, NOK: Norwegian}').replace(
+        "urgency.score >= 1.5", 'topic.choice == "\u00c5"'))
+    assert [p.reason for p in error.problems] == [
+        "topic has no option '\u00c5' (its options: 'A\\u030a', NOK); check the spelling"
+    ]
+
+
 def test_base_policy_loads() -> None:
     (policy,) = load_text(BASE, "p.yaml")
     assert (policy.id, policy.version, policy.line, policy.mode) == ("p", "1", 2, "enforce")

@@ -118,6 +118,26 @@ def test_workers_ai_profile_refuses_an_option_id_with_control_or_bidi_characters
     assert SystemOneRequestV1.from_json(body, profile="reference").questions[0].option_ids()[0] == option_id
 
 
+@pytest.mark.parametrize(
+    ("first", "second", "shown"),
+    [("\u212b", "\u00c5", "'\\u212b' and '\u00c5'"), ("e\u0301", "\u00e9", "'e\\u0301' and '\u00e9'"),
+     ("\ufb01", "fi", "'\ufb01' and 'fi'")],
+)
+def test_workers_ai_profile_refuses_option_ids_that_are_one_text_once_normalised(
+    first: str, second: str, shown: str
+) -> None:
+    """U+212B and U+00C5 (both Å) were two options (attack finding): the tokenizer normalises both to the same tokens,
+    so the model told them apart by position only, and a rule's ``pick.choice == "Å"`` matched either. The error
+    names both ids, one not in NFC form written with escapes."""
+    body = _request(q={"type": "choice", "instructions": "x", "criteria": {first: "a", second: "b", "other": "c"}})
+    with pytest.raises(RequestValidationError) as info:
+        SystemOneRequestV1.from_json(body)
+    message = (f"option ids {shown} are the same text once Unicode-normalised (NFKC); the model and a rule cannot "
+               "tell them apart")
+    assert [(e.field, e.message) for e in info.value.errors] == [("questions.q.criteria", message)]
+    assert SystemOneRequestV1.from_json(body, profile="reference").questions[0].option_ids() == [first, second, "other"]
+
+
 #: Option ids str.isprintable() refused (review finding): joiners in Persian, Hindi and emoji, tag-sequence flags,
 #: no-break, narrow no-break and ideographic spaces inside, a soft hyphen, a code point newer than Python's tables.
 SCOTLAND = "🏴" + "".join(chr(0xE0000 + ord(c)) for c in "gbsct") + "\U000e007f"
