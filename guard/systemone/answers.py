@@ -45,7 +45,7 @@ def encode_checked(
         MalformedAnswer: a missing or extra answer, a wrong type, a non-finite probability, probabilities that do
             not sum to 1, a choice/score outside its options, a headline (noul, choice, score) or confidence its
             probabilities do not give (:func:`~guard.systemone.wire.check_readout`), or a usage count that is not a
-            whole number >= 0 (:func:`~guard.systemone.wire.parse_usage`).
+            whole number >= 0 or is over its bound (:func:`~guard.systemone.wire.parse_usage`).
     """
     usage = parse_usage(response.usage, MalformedAnswer)
     answers: dict[str, Any] = {}

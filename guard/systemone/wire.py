@@ -106,8 +106,9 @@ COARSEST_DECIMALS = 2
 MAX_SUM_TOLERANCE = 0.5
 #: Longest ``model`` name taken from an answer; a longer or unprintable one gives way to the request's.
 MAX_MODEL_CHARS = 200
-#: Largest ``usage.input_tokens`` or ``output_tokens`` an answer may report: far over any model's context (Clef's
-#: 262,144 positions), so a count past it is no count (it reaches spans, metrics and decision records).
+#: Largest ``usage.input_tokens``, ``output_tokens`` or ``state_tokens_dropped`` an answer may report: far over any
+#: model's context (Clef's 262,144 positions), so a count past it is no count (it reaches spans, metrics, flags, the
+#: cache and decision records).
 MAX_USAGE_TOKENS = 10_000_000
 
 
@@ -818,8 +819,8 @@ def parse_usage(raw: Any, bad: Any) -> UsageV1:
 
     Raises:
         MalformedAnswer: ``usage`` is not an object, or a count is negative, fractional or not a number (read as 0,
-            a cut state or an unread one would pass as read whole), or ``input_tokens`` or ``output_tokens`` is over
-            :data:`MAX_USAGE_TOKENS`.
+            a cut state or an unread one would pass as read whole), or a token count is over
+            :data:`MAX_USAGE_TOKENS`, or ``out_of_competence`` over 1.
     """
     if raw is None:
         return UsageV1(input_tokens=0)
@@ -838,8 +839,9 @@ def parse_usage(raw: Any, bad: Any) -> UsageV1:
             counts[name] = int(value)
         else:
             raise bad(f"response usage.{name} is {_shown(value)}; expected a whole number >= 0")
-        if name in ("input_tokens", "output_tokens") and counts[name] > MAX_USAGE_TOKENS:
-            raise bad(f"response usage.{name} is {_shown(value)}; expected at most {MAX_USAGE_TOKENS}")
+        limit = 1 if name == "out_of_competence" else MAX_USAGE_TOKENS
+        if counts[name] > limit:
+            raise bad(f"response usage.{name} is {_shown(value)}; expected at most {limit}")
     return UsageV1(**counts)
 
 

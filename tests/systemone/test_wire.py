@@ -382,6 +382,11 @@ def test_a_number_too_large_for_a_float_is_a_malformed_answer(field: str) -> Non
         ({"input_tokens": 10_000_001}, "usage.input_tokens is a JSON number; expected at most 10000000"),
         ({"input_tokens": 10**400}, "expected at most 10000000"),
         ({"output_tokens": 1e300}, "usage.output_tokens is a JSON number; expected at most 10000000"),
+        # a 301-digit count went into flags, the cache and decision logs (attack finding)
+        ({"state_tokens_dropped": 1e300}, "usage.state_tokens_dropped is a JSON number; expected at most 10000000"),
+        ({"state_tokens_dropped": 10**300}, "usage.state_tokens_dropped is a JSON number; expected at most 10000000"),
+        ({"out_of_competence": 2}, "usage.out_of_competence is 2; expected at most 1"),
+        ({"out_of_competence": 10**300}, "usage.out_of_competence is a JSON number; expected at most 1"),
         ("346 tokens", "usage is a JSON string; expected an object"),
         ([346, 0], "usage is a JSON array"),
     ],
