@@ -30,6 +30,7 @@ __all__ = [
     "NOT_FOUND",
     "NOT_READY",
     "OVERLOADED",
+    "REPEATED_HEADER",
     "REQUEST_ID_HEADER",
     "TIMEOUT",
     "TIMEOUT_HEADER",
@@ -50,6 +51,7 @@ T = TypeVar("T")
 INVALID_JSON = "invalid_json"
 INVALID_REQUEST = "invalid_request"
 INVALID_HEADER = "invalid_header"
+REPEATED_HEADER = "repeated_header"
 BODY_TOO_LARGE = "body_too_large"
 OVERLOADED = "overloaded"
 NOT_READY = "not_ready"
@@ -98,7 +100,9 @@ class FramingMiddleware:
     """ASGI middleware: a request whose body is framed both by ``Content-Length`` and ``Transfer-Encoding`` is
     answered 400 ``ambiguous_length`` (:func:`~guard._body.check_framing`) with ``Connection: close`` and never served:
     a front proxy that reads the length would take what follows the chunks for part of this request, and the worker
-    would serve it as another (RFC 9112 section 6.3)."""
+    would serve it as another (RFC 9112 section 6.3). A request sending ``Content-Type`` more than once is answered
+    400 :data:`REPEATED_HEADER` (field ``headers.content-type``) and never served: the field holds one value (RFC 9110
+    section 8.3), and a front proxy reading another copy than the worker would inspect the body as another kind."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -110,6 +114,11 @@ class FramingMiddleware:
             except BodyError as exc:
                 response = error_response(exc.status, exc.code, exc.reason, field=exc.field)
                 response.headers["connection"] = "close"
+                await response(scope, receive, send)
+                return
+            if sum(name.lower() == b"content-type" for name, _ in scope["headers"]) > 1:
+                response = error_response(400, REPEATED_HEADER, "the content-type header is sent more than once; "
+                                          "send it once", field="headers.content-type")
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

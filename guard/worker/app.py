@@ -45,7 +45,7 @@ Tracing: every ``POST /v1/systemone`` is a SERVER span (``POST /v1/systemone``) 
 the forward pass that answers it is its child ``guard.batch`` span (:class:`~guard.backends.local.LocalBackend`).
 
 A request with both ``Content-Length`` and ``Transfer-Encoding``, on any route, is a 400 ``ambiguous_length`` and its
-connection is closed.
+connection is closed; one sending ``Content-Type`` more than once, on any route, is a 400 ``repeated_header``.
 
 ``/healthz``, ``/readyz`` and ``/metrics`` need no key (probes and scrapers). No input gets a 500: every refusal is a 4xx JSON ``{code, message, field, errors}``. Every response carries
 ``x-request-id``: the caller's (when it is 1 to 128 visible ASCII characters) or a new one.

@@ -591,6 +591,21 @@ async def test_a_request_with_both_framings_is_refused_and_its_connection_closed
     assert b"HTTP/1.1" not in rest  # the pipelined GET was not served
 
 
+async def test_a_request_sending_content_type_twice_is_refused(clef_fp32: ClefModel) -> None:
+    """A JSON body sent with ``Content-Type: application/json`` and then ``multipart/form-data`` was read as JSON by
+    the first copy (attack finding): a front proxy reading the last would inspect it as another kind. The field holds
+    one value (RFC 9110 section 8.3); the worker answers 400 ``repeated_header`` on every route."""
+    twice = [("content-type", "application/json"), ("content-type", "multipart/form-data; boundary=B")]
+    with serve_worker(LocalBackend(clef_fp32)) as worker:
+        async with worker.client() as client:
+            posted = await client.post("/v1/systemone", content=json.dumps(ticket_body(0)).encode(), headers=twice)
+            probed = await client.get("/readyz", headers=twice)
+    for response in (posted, probed):
+        assert response.status_code == 400, response.text
+        assert response.json() == {"code": "repeated_header", "message": "the content-type header is sent more than "
+                                   "once; send it once", "field": "headers.content-type", "errors": []}
+
+
 async def test_overload_status_can_be_503(clef_fp32: ClefModel) -> None:
     backend = LocalBackend(clef_fp32, batcher_config=BatcherConfig(max_batch=1, max_queue=1, max_wait_ms=0))
     with serve_worker(backend, config=WorkerConfig(overload_status=503, model_name="clef-flash")) as worker:
