@@ -204,6 +204,9 @@ _RUNNER = r"(?:sudo\s+(?:-\w+\s+(?:\w+\s+)?)*)?(?:(?:/usr)?/bin/env\s+|env\s+)?"
 #: A command an attacker chains onto a value, bare or by its path (``id``, ``/bin/cat``).
 _CHAINED = (r"(?:/usr)?(?:/s?bin/)?(?:cat|id|whoami|uname|ls|ping|nc|ncat|netcat|bash|sh|zsh|powershell|pwsh|cmd"
             r"|curl|wget)")
+#: A chained command's arguments to the end of its command line: options, paths, URLs and numbers only
+#: (``-la /var/www``, ``-I https://e.example/``; a line that goes on in words, "ls -la /var/www shows ...", is prose).
+_ARGUMENTS = r"(?:[ \t]+(?:-\S+|/\S*|~\S*|[a-z]+://\S*|\d\S*))+[ \t\r]*(?:$|;|<)"
 #: (marks, pattern): each pattern matches only text that holds one of its marks (lower case), so a text is searched
 #: only with the patterns whose mark it holds (a Python regex without a literal prefix costs about 30 us per KiB).
 _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) for marks, pattern in (
@@ -248,10 +251,11 @@ _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) fo
                   r"|(?:/usr)?(?:/s?bin/)?(?:curl|wget)[ \t]+[^\n;|&]*?-[oO][ \t]*/(?:tmp|var/tmp|dev/shm)/)")),
     # a command on the line after a value (x\nwhoami, 127.0.0.1\ncat /etc/passwd: a URL-decoded %0a): a line of one
     # word (not a code fence or a label: "```bash", "Steps:"), then whoami or uname alone, or one of the commands
-    # with an option, a path or a URL (not a bare id, cat or ls: a query's or JSON body's values are joined with
-    # line breaks, so "shoes\nid" is ?q=shoes&sort=id)
+    # with options, paths or URLs and nothing else to its line's end (not a bare id, cat or ls: a query's or JSON
+    # body's values are joined with line breaks, so "shoes\nid" is ?q=shoes&sort=id; nor a command line a sentence
+    # goes on from: "high\ncurl -I https://e.example/ returns 502" is a ticket's priority and description)
     (("\n",), (r"^[ \t]*(?!```)\S*[^\s:][ \t]*\r?\n[ \t]*"
-               rf"(?:(?:/usr)?(?:/s?bin/)?(?:whoami|uname)[ \t\r]*(?:$|;|<)|{_CHAINED}[ \t]+(?:[-/~$]|[a-z]+://))")),
+               rf"(?:(?:/usr)?(?:/s?bin/)?(?:whoami|uname)[ \t\r]*(?:$|;|<)|{_CHAINED}{_ARGUMENTS})")),
 ))
 
 #: A Log4j lookup with no lookup inside it (``${lower:j}``, ``${::-j}``): its text after ``:-`` (the default when

@@ -25,7 +25,7 @@ from guard.policy.payloads import (
     xss,
 )
 from guard.policy.rules import RuleError, apply_rules
-from guard.subject import HttpSubject
+from guard.subject import HttpSubject, body_text_of
 from tests._backends import ScriptedBackend
 
 SQL = [
@@ -378,6 +378,18 @@ def test_a_command_on_the_line_after_a_value_is_code(text: str) -> None:
 def test_a_value_or_a_line_of_words_before_a_command_name_is_not_code(text: str) -> None:
     """A query's or JSON body's values are joined with line breaks (``?q=shoes&sort=id``)."""
     assert not code_exec(text)
+
+
+@pytest.mark.parametrize("text", [
+    body_text_of({"priority": "high", "description": "curl -I https://app.example.com/login returns 502 since 10:00"}),
+    body_text_of({"status": "open", "comment": "ls -la /var/www/uploads shows the files are owned by root"}),
+    "Hi,\ncurl -v https://api.example.com/v1/me gives 401 with a fresh token",
+])  # fmt: skip
+def test_a_command_line_that_a_sentence_goes_on_from_after_a_value_is_not_code(text: str) -> None:
+    """A body's values are joined with line breaks, so a one-word field (a ticket's priority) put a description that
+    opens with a command line on the line after a value; the command counts there when only its arguments follow."""
+    assert not code_exec(text)
+    assert code_exec(text.split(" ", 2)[0] + " " + text.split(" ", 2)[1])
 
 
 @pytest.mark.parametrize("text", ["x|id|", "x&id&", "x||id||", "127.0.0.1|whoami||"])
