@@ -30,7 +30,9 @@ is one statement; and as SQL reads a line break as a space, a statement left ope
 wanted more: ``'; DROP``, ``DELETE``; or after text that reads as SQL, it parsed without being code: ``' UNION SELECT
 password``, ``'; UPDATE users``) is read on with the next line joined by a line break (a ``--`` comment ends there),
 then the next two while still open, as far as :data:`MAX_SQL_STATEMENT` characters (``'; DROP\nTABLE users; --``,
-``'; DROP -- c\nTABLE users``); comments may stand between ``UNION`` and what follows it (``/**/UNION/**/SELECT``). MySQL syntax is read as MySQL reads it: a
+``'; DROP -- c\nTABLE users``); comments may stand between ``UNION`` and what follows it (``/**/UNION/**/SELECT``, ``/***/``, a ``--`` comment
+ending ``UNION``'s line), and so may a ``(`` (``UNION(SELECT 1,2,3)``; not "Join the union (select a plan from
+the list)", bare words). MySQL syntax is read as MySQL reads it: a
 versioned comment's content is code (``/*!50000UNION*/``), a hex literal is a string (``0x61646d696e``), and a ``#``
 right after a word, quote or bracket starts a comment (``users#``; a hashtag after a space does not). English that
 starts like SQL ("select the best option from the list", "delete my account") does not parse, and a SELECT or INSERT of
@@ -128,14 +130,19 @@ _SQL_CLAUSES = frozenset((
     TokenType.FETCH, TokenType.JOIN, TokenType.UNION, TokenType.INTERSECT, TokenType.EXCEPT, TokenType.INTO,
     TokenType.VALUES, TokenType.TABLE, TokenType.CASE, TokenType.EXISTS, TokenType.QUALIFY, TokenType.WINDOW,
 ))
+#: A comment, ``/* ... */`` (``*`` inside it too: ``/***/``).
+_SQL_COMMENT = r"/\*[^*]*\*+(?:[^/*][^*]*\*+)*/"
 #: What, right before a keyword, makes its statement SQL whatever its words: a quote, ``;``, ``)``, ``=``, ``|``, the
 #: end of a comment (``*/``), a digit, a ``(`` after an operator or an SQL keyword (``1 AND (SELECT``, ``'||(SELECT``,
 #: ``IN (``; not after a word of prose: "Tickets (select a seat from the map)"), or ``UNION`` (``ALL``, ``DISTINCT``;
 #: then a SELECT is code whatever it selects, unless bare words: ``UNION SELECT 1,2,3``, a probe for the host query's
-#: number of columns).
+#: number of columns), also with a ``(`` after it (``UNION(SELECT 1,2,3)``, ``bracket``: a SELECT of bare words after
+#: it is English, "Join the union (select a plan from the list)") or a ``--`` comment ending its line (``UNION --
+#: x\nSELECT``); comments may stand between them.
 _SQL_CONTEXT_RE = re.compile(
     r"(?:['\"`;)=|/\d]|(?:[=,|'\"(<>+*-]|\b(?:and|or|not|in|exists|from|where|select|values|when|then|having|on))\s*\("
-    r"|\b(?P<union>union)(?:(?:\s|/\*[^*]*\*/)+(?:all|distinct))?)(?:\s|/\*[^*]*\*/)*$",
+    rf"|\b(?P<union>union)(?:(?:\s|{_SQL_COMMENT})+(?:all|distinct))?(?:(?:\s|{_SQL_COMMENT})*(?P<bracket>\())?"
+    rf"(?:(?:\s|{_SQL_COMMENT})*--.*)?)(?:\s|{_SQL_COMMENT})*$",
     re.IGNORECASE,
 )
 #: Most characters parsed from one SQL keyword on (a statement longer than this is not looked for; parsing 2,000
@@ -443,8 +450,8 @@ def _parses_as_code(scan: _Scan, offset: int, context: re.Match[str] | None) -> 
     open at the end of its line for the next line to finish: the parser read all of it and wanted more (``DROP
     TABLE``, ``DELETE``), it is its keyword alone (``DROP``), or, after text that reads as SQL, it parsed without
     being code (``' UNION SELECT password``, ``'; UPDATE users``). ``context``: what comes right before it,
-    where that reads as SQL (:data:`_SQL_CONTEXT_RE`); without it a SELECT or INSERT of bare words is English
-    (:func:`_is_words`), after ``UNION`` any other SELECT is code; and whether it read as prose, that English or
+    where that reads as SQL (:data:`_SQL_CONTEXT_RE`); without it or after ``UNION (`` a SELECT or INSERT of bare
+    words is English (:func:`_is_words`), after ``UNION`` any other SELECT is code; and whether it read as prose, that English or
     words the grammar refuses (such a parse, charged as far as it read, does not count toward
     :data:`MAX_SQL_STARTS`)."""
     tokens = scan.statement(offset)
@@ -473,7 +480,7 @@ def _parses_as_code(scan: _Scan, offset: int, context: re.Match[str] | None) -> 
     if commands:  # kept as an unparsed command ("create a branch and ...", decided by its first words): not code,
         return False, 0 if len(part) <= _SQL_HEAD_TOKENS else read, open_end and len(tokens) == 1, False  # no expression
     words = _is_words(tokens, statements)
-    if context is None and words:
+    if words and (context is None or context["bracket"]):
         return False, read, False, True
     if context is not None and context["union"] and not words:  # "UNION SELECT 1,2,3", not "union select in mysql"
         code = all(isinstance(statement, exp.Select) for statement in statements)

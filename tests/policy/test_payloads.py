@@ -548,6 +548,17 @@ def test_sqli_reads_comments_as_sql_does(text: str) -> None:
     assert sqli(text)
 
 
+@pytest.mark.parametrize("text", [
+    "1' UNION(SELECT 1,2,3)-- -", "1' UNION ALL(SELECT 1,2)-- -", "1' UNION/**/(SELECT 1,2)-- -",
+    "1'/***/UNION/***/SELECT/***/1,2-- -", "1' UNION -- x\nSELECT 1,2-- -",
+])  # fmt: skip
+def test_a_column_probe_after_union_and_a_bracket_or_a_comment_holding_stars_or_ending_the_line_is_sql(text: str) -> None:
+    """A ``(`` after UNION, a comment with ``*`` inside it or a ``--`` comment ending UNION's line hid the UNION
+    before a column probe; a SELECT of bare words after ``UNION (`` is still English."""
+    assert sqli(text)
+    assert not sqli("Join the union (select a plan from the list)")
+
+
 def test_sqli_reads_a_long_line_of_prose_within_its_budget() -> None:
     """A 17.5 KB one-line paragraph (rich-text HTML) with eight ordinary sentences 2,100 characters apart ("Select a
     workspace to get started.") spent the budget, each keyword's window tokenised and charged again in full, and
