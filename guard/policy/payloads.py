@@ -55,8 +55,8 @@ shaped like a statement counts as SQL and any other is skipped, so a long line o
 event handler or a CSS ``expression(`` (its attributes may be spread over lines), or a script URL:
 ``javascript:``/``vbscript:`` followed at once by code, or ``data:text/html``, anywhere (a bare link, a Markdown
 ``](...)`` target, an ``href``); where the scheme opens the quoted value of an attribute that holds a URL (``href``,
-``src``, ``action``, ``formaction``, ``data``, ...) or a Markdown link target, blanks after its colon count too
-(``href="javascript: alert(1)"``), as browsers skip them (not ``title="JavaScript: basics"``). The
+``src``, ``action``, ``formaction``, ``data``, ...), a Markdown link target or a link reference definition's ``<...>``
+destination, blanks after its colon count too (``href="javascript: alert(1)"``, ``[1]: <javascript: alert(1)>``), as browsers skip them (not ``title="JavaScript: basics"``). The
 text is read as a browser reads it: character references decoded in a URL (``&#106;avascript&colon;``; escaped
 markup such as ``&lt;script&gt;`` is text, not a tag), tabs and line breaks inside a scheme ignored
 (``java<TAB>script:``). "JavaScript: a guide" is not one (in prose, a space follows the colon).
@@ -186,12 +186,15 @@ _SCRIPT_SCHEME = rf"(?:{_SCHEME('javascript')}|{_SCHEME('vbscript')})\s*:"
 #: A script URL: ``javascript:``/``vbscript:`` with code right after the colon anywhere, or after blanks where the
 #: scheme opens the quoted value of an attribute that holds a URL (``href= " javascript: alert(1)"``, ``src``,
 #: ``action``, ``formaction``, ...; not ``title="JavaScript: The Good Parts"``) or a Markdown link target
-#: (``](javascript: alert(1))``, CommonMark's ``](<javascript: alert(1)>)``), which browsers run as well (an unquoted
+#: (``](javascript: alert(1))``, CommonMark's ``](<javascript: alert(1)>)``) or a CommonMark link reference definition
+#: in angle brackets (``[1]: <javascript: alert(1)>`` at the start of a line; not a footnote, "[1]: JavaScript: The
+#: Good Parts"), which browsers run as well (an unquoted
 #: value ends at the blank; a browser strips control characters before the scheme too); or an HTML
 #: document as a URL.
 _URL_ATTRIBUTES = "href|src|action|formaction|data|poster|background|codebase|cite|ping|to"
 _SCRIPT_URL = (rf"(?<![\w-]){_SCRIPT_SCHEME}[^\s]"
-               rf"|(?:\b(?:{_URL_ATTRIBUTES})\s*=\s*[\"'][\x00-\x20]*|\]\(\s*<?){_SCRIPT_SCHEME}\s*\S"
+               rf"|(?:\b(?:{_URL_ATTRIBUTES})\s*=\s*[\"'][\x00-\x20]*|\]\(\s*<?|(?<![^\n])[ ]{{0,3}}\[[^\]\n]+\]:\s*<)"
+               rf"{_SCRIPT_SCHEME}\s*\S"
                r"|(?<![\w-])data\s*:\s*text/html")
 _SCRIPT_URL_RE = re.compile(_SCRIPT_URL, re.IGNORECASE)
 _XSS_RE = re.compile(r"<\s*(?:script|iframe|object|embed)\b|" + _SCRIPT_URL, re.IGNORECASE)  # + code-loading tags

@@ -334,10 +334,14 @@ def test_a_parenthetical_aside_after_a_word_is_english(text: str) -> None:
     assert sqli("1 AND (select password from users) > 0") and sqli("x'||(select password from users)||'")
 
 
-@pytest.mark.parametrize("text", ['<a href="\x01javascript: alert(1)">x</a>', "[x](<javascript: alert(1)>)"])
+@pytest.mark.parametrize("text", [
+    '<a href="\x01javascript: alert(1)">x</a>', "[x](<javascript: alert(1)>)", "[x][1]\n\n[1]: <javascript: alert(1)>",
+])  # fmt: skip
 def test_a_script_url_after_control_characters_or_in_angle_brackets_is_xss(text: str) -> None:
-    """Browsers strip control characters before a URL's scheme, and CommonMark reads a link target in ``<...>``."""
+    """Browsers strip control characters before a URL's scheme, and CommonMark reads a link target or a link reference
+    definition's destination in ``<...>``; a footnote after a reference is not one."""
     assert xss(text)
+    assert not xss("JavaScript, a guide [1]\n\n[1]: JavaScript: The Good Parts, O'Reilly, 2008")
 
 
 @pytest.mark.parametrize("text", CODE_LOOKALIKES)
