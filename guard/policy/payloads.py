@@ -90,8 +90,10 @@ about code ("how do I use subprocess in Python?", "what does eval do") has no su
 ``path_traversal(x)``: the text climbs two or more folders (``../../etc/passwd``, ``..\\..\\windows\\win.ini``,
 ``....//....//``, which a filter that removes ``../`` once turns into ``../../``; ``.././../``, ``..;/..;/``), as written, URL-decoded
 (``..%2f..%2f``) or folded, where that reads as a file name or path parameter that escapes the folder the
-application serves from: the path starts its line (after blanks, a drive or an absolute prefix) or follows an
-unquoted ``=``, the climb is written evasively (three or more dots, ``..//``, ``..\\/``, or shown only by another
+application serves from: the path starts its line (after blanks) or follows an unquoted ``=``, a tag's ``>`` or a
+quoted value's ``="`` (blanks around them too; not a URL attribute's, ``href="../../main.css"``) and is absolute or
+climbs above where it starts, its folders and steps up counted (``images/./../../app``,
+``a/b/c/d/e/../../../../../../app``; not ``a/b/../../x``; two folders above in a quoted value), the climb is written evasively (three or more dots, ``..//``, ``..\\/``, or shown only by another
 reading), or it reaches a system file or folder (``etc``, ``windows``, ``WEB-INF``, ``.ssh``, ...). A relative
 import or link inside a line (``from '../../components/Button'``, ``](../../docs/setup.md)``) and one ``../`` are
 not counted.
@@ -295,31 +297,25 @@ MAX_LOOKUP_DEPTH = 8
 #: for fast), so a long run is scanned once; a match is the first two steps.
 _CLIMB = r"\.(?<!\.\.)\.+;?[\\/]+(?:\.[\\/]+)*\.\.+;?[\\/]+"
 _TRAVERSAL_RE = re.compile(_CLIMB)
-#: One step up (``../``, ``...//``, ``..;/``, with ``./`` steps after it) and one folder name, not a run of dots.
-_STEP = r"\.\.+;?[\\/]+(?:\.[\\/]+)*"
-_FOLDER = r"(?!\.+[\\/])[\w.-]+[\\/]+"
-#: A path that climbs out of where it starts: a climb after a drive or an absolute prefix (``/var/www/../../etc``),
-#: or a relative prefix of one to four folders followed by more steps up than it has folders (``images/../../``,
-#: ``./a/b/../../../``; not ``a/b/../../x``, which stays inside).
-_CLIMBING_PATH = (rf"(?:(?:[a-z]:)?(?:[\\/][\w.-]*)*?{_CLIMB}|(?:\.[\\/]+)*(?:"
-                  + "|".join(rf"(?:{_FOLDER}){{{n}}}(?:{_STEP}){{{n + 1}}}" for n in range(1, 5)) + "))")
-#: A climbing path that is the value: at the start of the text or of a line after blanks; matched from the start of
-#: the text, or searched from a line break.
-_LINE_CLIMB = rf"[ \t]*{_CLIMBING_PATH}"
-_TEXT_CLIMB_RE = re.compile(_LINE_CLIMB, re.IGNORECASE)
-#: A quoted value's opening ``="`` that is not a URL attribute's (``href="../../assets/main.css"`` is a link the
-#: browser resolves among the site's URLs).
-_VALUE_QUOTE = "=" + "".join(rf"(?<!\b{name}=)" for name in _URL_ATTRIBUTES.split("|")) + "[\"']"
-#: The other climbs that read as an attack (:func:`_path_traversal`), each pattern starting with a literal: after a
-#: line break (:data:`_LINE_CLIMB`), after an unquoted ``=`` (``file=../../config``), a tag's ``>``
-#: (``<file>../../config/db.yml</file>``) or a quoted value's ``="`` (``file="../../app/secret.key"``), with ``/``
-#: there (``..\\..\\`` in XML is an MSBuild hint path or project reference), written evasively (three or more dots:
-#: ``....//``, which a filter that removes ``../`` once turns into ``../../``; two separators: ``..//``, ``..\/``), or
-#: reaching a system file or folder at most four folders on (``etc``, ``windows``, ``WEB-INF``, ...).
+#: Where a value starts, a path that climbs out of its folder there reads as an attack (:func:`_climbs_as_a_value`):
+#: the start of a line, an ``=``, a tag's ``>``; only where a ``..`` follows in the next run of path characters.
+_VALUE_START_RE = re.compile(r"(?:^|[=>\r\n])(?=[ \t\"']*[^\s\"'`<>=|,()\[\]{}&?#*]*\.\.)")
+#: The value after such a start: blanks, a quote (``file = "../../app/secret.key"``), blanks, and the path, a run of
+#: characters other than blanks, quotes, markup, brackets and the characters around a query's or an assignment's
+#: values.
+_VALUE_RE = re.compile(r"[ \t]*(?P<quote>[\"'])?[ \t]*(?P<path>[^\s\"'`<>=|,()\[\]{}&?#*]+)")
+#: A URL attribute's name before a quoted value's ``=``: ``href="../../assets/main.css"`` is a link the browser
+#: resolves among the site's URLs.
+_URL_NAME_RE = re.compile(rf"\b(?:{_URL_ATTRIBUTES})[ \t]*$", re.IGNORECASE)
+#: Folders above its start a path in a quoted value climbs to count (a configuration's ``path = "./a/b/../../../c"``
+#: climbs one above).
+QUOTED_CLIMB = 2
+_ABSOLUTE_RE = re.compile(r"(?:[a-z]:)?[\\/]", re.IGNORECASE)
+#: The other climbs that read as an attack (:func:`_path_traversal`), each pattern starting with a literal: written
+#: evasively (three or more dots: ``....//``, which a filter that removes ``../`` once turns into ``../../``; two
+#: separators: ``..//``, ``..\/``), or reaching a system file or folder at most four folders on (``etc``,
+#: ``windows``, ``WEB-INF``, ...).
 _TRAVERSAL_ATTACKS = tuple(re.compile(pattern, re.IGNORECASE) for pattern in (
-    rf"[\r\n]{_LINE_CLIMB}",
-    rf"={_CLIMBING_PATH}",
-    rf"(?:>[\"']?|{_VALUE_QUOTE})(?![^\s\"'<>]*\\){_CLIMBING_PATH}",
     r"\.\.(?:\.|[\\/]{2})",
     (rf"{_CLIMB}(?:[\w.-]+[\\/]+){{0,4}}?(?:etc|windows|winnt|proc|boot\.ini|win\.ini|web-inf|\.ssh|\.env|\.git"
      r"|\.aws|root|var[\\/]log|inetpub|system32)\b"),
@@ -791,12 +787,54 @@ def _climbs(text: str) -> bool:
 
 
 def _path_traversal(text: str) -> bool:
-    """Whether ``text`` climbs two or more folders where that reads as an attack (:data:`_TEXT_CLIMB_RE`,
+    """Whether ``text`` climbs two or more folders where that reads as an attack (:func:`_climbs_as_a_value`,
     :data:`_TRAVERSAL_ATTACKS`); not a relative link or import inside a line of code or prose (``from
     '../../components/Button'``, ``](../../docs/setup.md)``)."""
     if not _climbs(text):
         return False
-    return _TEXT_CLIMB_RE.match(text) is not None or any(pattern.search(text) for pattern in _TRAVERSAL_ATTACKS)
+    return _climbs_as_a_value(text) or any(pattern.search(text) for pattern in _TRAVERSAL_ATTACKS)
+
+
+def _climbs_as_a_value(text: str) -> bool:
+    """Whether some path of ``text`` where a value starts (:data:`_VALUE_START_RE`, :data:`_VALUE_RE`) climbs two or
+    more folders and out of where it starts: it is absolute (``/var/www/../../etc``, ``C:\\app\\..\\..``) or climbs
+    above its start (:func:`_climbs_above_start`). The value starts a line (after blanks), right after an unquoted
+    ``=`` (``file=../../config``; not a ``.gitmodules`` line's ``url = ../../org/lib.git``), after a tag's ``>``
+    (``<file> ../../../config/db.yml</file>``) or in a quoted value (``file = "../../app/secret.key"``; not a URL
+    attribute's, :data:`_URL_NAME_RE`; :data:`QUOTED_CLIMB` folders above), with ``/`` after ``>`` or in a quoted
+    value (``..\\..\\`` in XML is an MSBuild hint path or project reference)."""
+    for start in _VALUE_START_RE.finditer(text):
+        value = _VALUE_RE.match(text, start.end())
+        if value is None:
+            continue
+        path, mark, quoted = value["path"], start.group(), value["quote"] is not None
+        if mark in ("", "\r", "\n") and quoted or mark == "=" and not quoted and value.start("path") > start.end():
+            continue  # a quoted line, or blanks after an unquoted =
+        if (mark == ">" or quoted) and "\\" in path:
+            continue
+        if mark == "=" and quoted and _URL_NAME_RE.search(text[max(0, start.start() - 32) : start.start()]):
+            continue
+        if _TRAVERSAL_RE.search(path) is not None and (
+            _ABSOLUTE_RE.match(path) or _climbs_above_start(path, QUOTED_CLIMB if quoted and mark == "=" else 1)
+        ):
+            return True
+    return False
+
+
+def _climbs_above_start(path: str, folders: int) -> bool:
+    """Whether relative ``path`` climbs ``folders`` or more folders above where it starts, counting one down for each
+    folder name and one up for each step up (``..``, ``..;x=1``; ``.`` skipped): ``images/./../../app`` and
+    ``a/b/c/d/e/../../../../../../app`` climb 1, ``../../../x`` 3, ``a/b/../../x`` none. Reads the names only as far
+    as that shows."""
+    depth = 0
+    for name in path.replace("\\", "/").split("/"):
+        if name.startswith("..") and name.lstrip(".")[:1] in ("", ";"):
+            depth -= 1
+            if depth <= -folders:
+                return True
+        elif name not in ("", "."):
+            depth += 1
+    return False
 
 
 #: The rule functions, by CEL name (registered in every rule context by :mod:`guard.policy.rules`).

@@ -304,8 +304,20 @@ def test_a_relative_path_that_climbs_above_its_start_or_a_climb_in_a_tag_or_quot
 
 
 @pytest.mark.parametrize("text", [
+    "images/./../../../../app/config.py", "a/b/c/d/e/../../../../../../app/config.py",
+    "file=a/b/c/d/e/../../../../../../app/config.py", "<file> ../../../config/database.yml</file>",
+    'file = "../../app/secret.key"',
+])  # fmt: skip
+def test_a_climb_counted_by_depth_after_dot_steps_or_a_long_prefix_or_after_blanks_is_traversal(text: str) -> None:
+    """A relative prefix was read as one to four folders without ``./`` steps, and a tag's ``>`` or a quoted value's
+    ``="`` had to come right before the climb; a path's folders and steps up are counted instead, after blanks too."""
+    assert path_traversal(text)
+
+
+@pytest.mark.parametrize("text", [
     "a/b/../../config.py", "src/../lib/../app.py", '<link rel="stylesheet" href="../../assets/main.css">',
-    '<ProjectReference Include="..\\..\\src\\Lib\\Lib.csproj" />',
+    '<ProjectReference Include="..\\..\\src\\Lib\\Lib.csproj" />', "[submodule \"lib\"]\n\turl = ../../org/lib.git",
+    'path = "./a/b/../../../c"',
 ])  # fmt: skip
 def test_a_path_that_stays_inside_its_start_or_a_link_attribute_is_not_traversal(text: str) -> None:
     assert not path_traversal(text)
