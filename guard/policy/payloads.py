@@ -93,7 +93,9 @@ about code ("how do I use subprocess in Python?", "what does eval do") has no su
 application serves from: the path starts its line (after blanks) or follows an unquoted ``=``, a tag's ``>`` or a
 quoted value's ``="`` (blanks around them too; not a URL attribute's, ``href="../../main.css"``) and is absolute or
 climbs above where it starts, its folders and steps up counted (``images/./../../app``,
-``a/b/c/d/e/../../../../../../app``; not ``a/b/../../x``; two folders above in a quoted value), the climb is written evasively (three or more dots, ``..//``, ``..\\/``, or shown only by another
+``a/b/c/d/e/../../../../../../app``; not ``a/b/../../x``; two folders above in a quoted value, three in markup, a
+tag's content or a quoted value inside a start tag: not Maven's ``<relativePath>../../pom.xml</relativePath>``), the
+climb is written evasively (three or more dots, ``..//``, ``..\\/``, or shown only by another
 reading), or it reaches a system file or folder (``etc``, ``windows``, ``WEB-INF``, ``.ssh``, ...). A relative
 import or link inside a line (``from '../../components/Button'``, ``](../../docs/setup.md)``) and one ``../`` are
 not counted.
@@ -310,6 +312,13 @@ _URL_NAME_RE = re.compile(rf"\b(?:{_URL_ATTRIBUTES})[ \t]*$", re.IGNORECASE)
 #: Folders above its start a path in a quoted value climbs to count (a configuration's ``path = "./a/b/../../../c"``
 #: climbs one above).
 QUOTED_CLIMB = 2
+#: Folders above its start a path in markup climbs to count, in a tag's content or an attribute's value: build files
+#: reach two folders up (Maven's ``<relativePath>../../pom.xml</relativePath>``, ``<module>``, MSBuild's
+#: ``<Import Project="../../build/common.props" />``).
+MARKUP_CLIMB = 3
+#: Characters a start tag may span before a quoted value inside it (a quoted value farther from its tag's ``<`` is
+#: read as outside markup).
+_TAG_REACH = 1024
 _ABSOLUTE_RE = re.compile(r"(?:[a-z]:)?[\\/]", re.IGNORECASE)
 #: The other climbs that read as an attack (:func:`_path_traversal`), each pattern starting with a literal: written
 #: evasively (three or more dots: ``....//``, which a filter that removes ``../`` once turns into ``../../``; two
@@ -801,7 +810,7 @@ def _climbs_as_a_value(text: str) -> bool:
     above its start (:func:`_climbs_above_start`). The value starts a line (after blanks), right after an unquoted
     ``=`` (``file=../../config``; not a ``.gitmodules`` line's ``url = ../../org/lib.git``), after a tag's ``>``
     (``<file> ../../../config/db.yml</file>``) or in a quoted value (``file = "../../app/secret.key"``; not a URL
-    attribute's, :data:`_URL_NAME_RE`; :data:`QUOTED_CLIMB` folders above), with ``/`` after ``>`` or in a quoted
+    attribute's, :data:`_URL_NAME_RE`), as many folders above as :func:`_climb_to_count` says, with ``/`` after ``>`` or in a quoted
     value (``..\\..\\`` in XML is an MSBuild hint path or project reference)."""
     for start in _VALUE_START_RE.finditer(text):
         value = _VALUE_RE.match(text, start.end())
@@ -814,11 +823,24 @@ def _climbs_as_a_value(text: str) -> bool:
             continue
         if mark == "=" and quoted and _URL_NAME_RE.search(text[max(0, start.start() - 32) : start.start()]):
             continue
-        if _TRAVERSAL_RE.search(path) is not None and (
-            _ABSOLUTE_RE.match(path) or _climbs_above_start(path, QUOTED_CLIMB if quoted and mark == "=" else 1)
-        ):
+        if _TRAVERSAL_RE.search(path) is None:
+            continue
+        if _ABSOLUTE_RE.match(path) or _climbs_above_start(path, _climb_to_count(text, start.start(), mark, quoted)):
             return True
     return False
+
+
+def _climb_to_count(text: str, start: int, mark: str, quoted: bool) -> int:
+    """Folders above its start the path after ``mark`` (at ``start``: ``""`` or a line break, ``=``, ``>``) climbs to
+    count: :data:`MARKUP_CLIMB` in a tag's content or in a quoted value inside a start tag (a ``<`` within
+    :data:`_TAG_REACH` characters before it and no ``>`` after that ``<``), :data:`QUOTED_CLIMB` in another quoted
+    value, else 1."""
+    if mark == ">":
+        return MARKUP_CLIMB
+    if not (mark == "=" and quoted):
+        return 1
+    reach = max(0, start - _TAG_REACH)
+    return MARKUP_CLIMB if text.rfind("<", reach, start) > text.rfind(">", reach, start) else QUOTED_CLIMB
 
 
 def _climbs_above_start(path: str, folders: int) -> bool:

@@ -324,6 +324,18 @@ def test_a_path_that_stays_inside_its_start_or_a_link_attribute_is_not_traversal
 
 
 @pytest.mark.parametrize("text", [
+    "<parent>\n  <relativePath>../../pom.xml</relativePath>\n</parent>", "<module>../../modules/api</module>",
+    '<ProjectReference Include="../../src/Core/Core.csproj" />', '<Import Project="../../build/common.props" />',
+    '<img src="logo.png" data-fallback="../../img/logo.png">',
+])  # fmt: skip
+def test_a_build_files_climb_of_two_folders_in_markup_is_not_traversal(text: str) -> None:
+    """Maven's and MSBuild's relative paths reach two folders up in a tag's content or attribute; in markup a climb
+    counts from three folders above its start."""
+    assert not path_traversal(text)
+    assert path_traversal(text.replace("../../", "../../../"))
+
+
+@pytest.mark.parametrize("text", [
     '<option value="JavaScript: The Good Parts">', 'title = "JavaScript: basics"',
     '<img src="cover.png" alt="JavaScript: Understanding the Weird Parts">', "subject = 'VBScript: legacy macros'",
 ])  # fmt: skip
