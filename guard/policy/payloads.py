@@ -219,8 +219,9 @@ _SUBSTITUTIONS = tuple(re.compile(pattern, re.IGNORECASE) for pattern in (
 #: What may run a piped script: ``sudo`` (with options and their values: ``sudo -u root``), then ``env`` (bare or by
 #: its path).
 _RUNNER = r"(?:sudo\s+(?:-\w+\s+(?:\w+\s+)?)*)?(?:(?:/usr)?/bin/env\s+|env\s+)?"
-#: A command an attacker chains onto a value, bare or by its path (``id``, ``/bin/cat``).
-_CHAINED = (r"(?:/usr)?(?:/s?bin/)?(?:cat|id|whoami|uname|ls|ping|nc|ncat|netcat|bash|sh|zsh|powershell|pwsh|cmd"
+#: A command an attacker chains onto a value, bare or by its path (``id``, ``/bin/cat``); the lookahead, a character
+#: each of them starts with, spares trying each name where none can follow (a run of separators, ``|| || ||``).
+_CHAINED = (r"(?=[/bcilnpsuwz])(?:/usr)?(?:/s?bin/)?(?:cat|id|whoami|uname|ls|ping|nc|ncat|netcat|bash|sh|zsh|powershell|pwsh|cmd"
             r"|curl|wget)")
 #: A chained command's arguments to the end of its command line: options, paths, URLs and numbers only, after blanks,
 #: ``<`` or the shell's ``$IFS`` (``-la /var/www``, ``-I https://e.example/``, ``</etc/passwd``; a line that goes on in
@@ -229,6 +230,16 @@ _ARGUMENTS = (r"(?:(?:[ \t]+|[ \t]*<[ \t]*|\$\{IFS\}|\$IFS\b)(?:-\S+|/\S*|~\S*|[
               r"[ \t\r]*(?:$|;|<)")
 #: id, whoami or uname with options, then the line's end, a separator, a redirection or a comment.
 _IDENTITY = r"(?:id|whoami|uname)(?:[ \t]+-\w+)*[ \t\r]*(?:$|[;#<>|&]|\d[<>])"
+#: A command chained by ;, &&, || or & after a blank onto anything (:func:`_chained_onto_anything`): ``identity``,
+#: id, whoami or uname (``path``: named by its path, ``/usr/bin/id``), or a command line that reads /etc/passwd or
+#: /etc/shadow (``cat</etc/passwd``, ``cat${IFS}/etc/passwd``) or downloads into a temporary folder (``wget
+#: http://e/x -O /tmp/x``) and ends there (not "...; cat /etc/passwd lists the deploy user").
+_CHAINED_RE = re.compile(
+    rf"(?:;|&&|\|\||&(?<!\S&))[ \t]*(?=[/bcilnpsuwz])(?:(?P<identity>(?P<path>(?:/usr)?/s?bin/)?{_IDENTITY})"
+    rf"|{_CHAINED}(?=[^\n;|&]*?/etc/(?:passwd|shadow)\b){_ARGUMENTS}"
+    rf"|(?:/usr)?(?:/s?bin/)?(?:curl|wget)(?=[^\n;|&]*?-[oO][ \t]*/(?:tmp|var/tmp|dev/shm)/){_ARGUMENTS})",
+    re.IGNORECASE | re.MULTILINE,
+)
 #: (marks, pattern): each pattern matches only text that holds one of its marks (lower case), so a text is searched
 #: only with the patterns whose mark it holds (a Python regex without a literal prefix costs about 30 us per KiB).
 _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) for marks, pattern in (
@@ -265,18 +276,6 @@ _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) fo
     ((";", "|", "&", "%0a"), (r"(?:^[ \t]*\S*?[ \t]*(?:\|\||[;|]|&&|(?<!\S)&|&(?=\w+&))|[\"'][ \t]*(?:[;|]|&&|&)|%0a)"
                               rf"\s*{_CHAINED}(?:\s*(?:$|;|<|%0a)|[|&]+[ \t\r]*$"
                               r"|(?:\s+|\$\{IFS\}|\$IFS\b)(?:#|[-/~$]|[a-z]+://))")),
-    # a command chained onto anything (8.8.8.8 -c 1; id, Bob Smith; cat /etc/passwd): after ;, &&, || or & after a
-    # blank, id, whoami or uname with options after a value that does not end in a word of letters (8.8.8.8 -c 1;
-    # uname -a, 1&&whoami>/tmp/x; not "Steps: log in; id", "It prints the name & id") or by its path (Bob Smith &&
-    # /usr/bin/id), or a command line that reads /etc/passwd or /etc/shadow (cat</etc/passwd, cat${IFS}/etc/passwd)
-    # or downloads into a temporary folder (; wget http://e/x -O /tmp/x) and ends there (not "...; cat /etc/passwd
-    # lists the deploy user"); not a transcript's "uname -a; cat /etc/os-release", nor after a lone | (a table
-    # row's "first name | id")
-    ((";", "&", "||"), (rf"(?:^|[^\w \t]|[\d_])[ \t]*(?:;|&&|\|\||(?<!\S)&)[ \t]*(?:/usr)?(?:/s?bin/)?{_IDENTITY}"
-                        rf"|(?:;|&&|\|\||(?<!\S)&)[ \t]*(?:(?:/usr)?/s?bin/{_IDENTITY}"
-                        rf"|{_CHAINED}(?=[^\n;|&]*?/etc/(?:passwd|shadow)\b){_ARGUMENTS}"
-                        rf"|(?:/usr)?(?:/s?bin/)?(?:curl|wget)(?=[^\n;|&]*?-[oO][ \t]*/(?:tmp|var/tmp|dev/shm)/)"
-                        rf"{_ARGUMENTS})")),
     # a command on the line after a value (x\nwhoami, 127.0.0.1\ncat /etc/passwd: a URL-decoded %0a): a line of one
     # word (not a code fence or a label: "```bash", "Steps:") or of a word and options with at most one argument
     # each (8.8.8.8 -c 1), blank lines after it, then whoami or uname alone, or one of the commands
@@ -284,7 +283,7 @@ _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) fo
     # body's values are joined with line breaks, so "shoes\nid" is ?q=shoes&sort=id; nor a command line a sentence
     # goes on from: "high\ncurl -I https://e.example/ returns 502" is a ticket's priority and description)
     (("\n",), (r"^[ \t]*(?!```)(?:\S*[^\s:]|\S+(?:[ \t]+-\w+(?:[ \t]+\w[\w.]*)?)+)[ \t]*\r?\n(?:[ \t]*\r?\n)*[ \t]*"
-               rf"(?:(?:/usr)?(?:/s?bin/)?(?:whoami|uname)[ \t\r]*(?:$|;|<)|{_CHAINED}{_ARGUMENTS})")),
+               rf"(?=[/bcilnpsuwz])(?:(?:/usr)?(?:/s?bin/)?(?:whoami|uname)[ \t\r]*(?:$|;|<)|{_CHAINED}{_ARGUMENTS})")),
 ))
 
 #: A Log4j lookup with no lookup inside it (``${lower:j}``, ``${::-j}``): its text after ``:-`` (the default when
@@ -759,11 +758,27 @@ def _lookup_value(match: re.Match[str]) -> str:
     return value.strip("'\"")
 
 
+def _chained_onto_anything(text: str) -> bool:
+    """Whether a command is chained by ;, &&, || or & after a blank onto whatever precedes it (:data:`_CHAINED_RE`,
+    ``8.8.8.8 -c 1; id``, ``Bob Smith; cat /etc/passwd``): id, whoami or uname (with options: ``uname -a``) onto a
+    value that does not end in a word of letters (``1&&whoami>/tmp/x``; not "Steps: log in; id", "It prints the name
+    & id") or by its path (``Bob Smith && /usr/bin/id``), or a read of /etc/passwd or a download into /tmp that ends
+    its line. Not a transcript's "uname -a; cat /etc/os-release", nor after a lone | (a table row's "first name |
+    id"). One search of the text; what precedes a separator is read only where a command follows it."""
+    for match in _CHAINED_RE.finditer(text):
+        before = text[max(0, match.start() - 64) : match.start()].rstrip(" \t")
+        if not match["identity"] or match["path"] or not before[-1:].isalpha():
+            return True
+    return False
+
+
 def _code_exec(text: str) -> bool:
     lowered = text.lower()
     if "$(" in text and _substitutes_a_command(text):
         return True
     if "${" in text and _jndi_lookup(text):
+        return True
+    if (";" in text or "&" in text or "||" in text) and _chained_onto_anything(text):
         return True
     for marks, pattern in _CODE_EXEC:
         for mark in marks:
