@@ -52,11 +52,15 @@ from guard.engine.telemetry import (
 from guard.errors import InvalidJson
 from guard.subject import HttpSubject, is_plain_key
 
-__all__ = ["MAX_PREVIEW_BYTES", "MAX_SHOWN_BODY_BYTES", "body_preview", "shown_body"]
+__all__ = ["MAX_JUDGED_CHARS", "MAX_PREVIEW_BYTES", "MAX_SHOWN_BODY_BYTES", "body_preview", "shown_body"]
 
 MAX_SHOWN_BODY_BYTES = 32_768
 """Most UTF-8 bytes of each view of a held body an item shows (``text``, and ``decoded`` where there is one); the
 rest is counted, not shown."""
+MAX_JUDGED_CHARS = 8_192
+"""Most characters of secret-named fields' values a view reads for a credential's shape (:func:`_credential_shaped`,
+milliseconds for each token of hundreds of characters; a value counts at most the 512 characters a credential may
+have); the rest of the body after them is counted, not shown."""
 MAX_PREVIEW_BYTES = 2_048
 """Most UTF-8 bytes of each view of a held body in a listing (:func:`body_preview`); the item itself carries them
 whole."""
@@ -73,8 +77,10 @@ _AUTH_NAME = re.compile(r"(?:proxy-)?authorization|auth", re.IGNORECASE)
 #: The auth schemes such a value may start with, and the credential after it.
 _AUTH_SCHEME = re.compile(r"(?:Bearer|Basic|Digest|Token|ApiKey|AWS4-HMAC-SHA256|Negotiate) (\S+)", re.IGNORECASE)
 _LINE_BREAK = re.compile(r"[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
-#: One credential token: key, JWT and base64 characters, at most 512 of them.
-_TOKEN = re.compile(r"[A-Za-z0-9._~+/=-]{1,512}")
+#: Most characters of a credential read as one (a token, a password's line).
+_CREDENTIAL_CHARS = 512
+#: One credential token: key, JWT and base64 characters, at most :data:`_CREDENTIAL_CHARS` of them.
+_TOKEN = re.compile(rf"[A-Za-z0-9._~+/=-]{{1,{_CREDENTIAL_CHARS}}}")
 #: Hex of 16 digits or more (a digest, a key), or a UUID: credentials by their shape, which no words can spell.
 _HEX_OR_UUID = re.compile(r"[0-9a-fA-F]{16,}|[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
 #: A base64, base64url or alphanumeric run, padding included, which reads as a credential with enough characters of
@@ -293,7 +299,7 @@ def _credential_shaped(name: str, value: str) -> bool:
         if value[:6].lower() == "basic ":  # base64 of user:password: the credential is that text
             return _shaped_token(scheme.group(1))
         return _is_token(scheme.group(1))
-    return (_PASSWORD_NAME.fullmatch(name) is not None and len(value) <= 512 and not _LINE_BREAK.search(value)
+    return (_PASSWORD_NAME.fullmatch(name) is not None and len(value) <= _CREDENTIAL_CHARS and not _LINE_BREAK.search(value)
             and INVISIBLE.search(value) is None)
 
 
@@ -455,8 +461,13 @@ def _reads_as_text(value: str) -> bool:
     segments = _SEPARATORS.split(value)
     if any(_is_word(a) and _is_word(b) for a, b in itertools.pairwise(segments)):
         return True
+    if _reads_as_words(value):
+        return True
+    # starts[i]: places in value[:i] where a common word starts; a window with fewer than two holds no two words
+    starts = list(itertools.accumulate((bool(ends) for ends in _word_ends(value.lower())), initial=0))
     windows = range(max(len(value) - _WORDS_WINDOW, 0) + 1)
-    return _reads_as_words(value) or any(_reads_as_words(value[i:i + _WORDS_WINDOW]) for i in windows)
+    return any(_reads_as_words(value[i:i + _WORDS_WINDOW]) for i in windows
+               if starts[min(i + _WORDS_WINDOW, len(value))] - starts[i] >= 2)
 
 
 def _is_word(segment: str) -> bool:
@@ -483,39 +494,71 @@ def _reads_as_words(value: str) -> bool:
 
 def _capitals_read_as_words(run: str) -> bool:
     """Whether common English words (:func:`~guard._english.english_words`) of three letters or more, split where
-    they cover most, cover at least 70 % of the letters of ``run`` (letters run together: capitals,
-    :data:`_CAPITALS`, which :data:`_PIECE` reads as one piece, or a token's letters, :func:`_letters_read_as_words`):
-    ``IGNOREALLPRIORRULES`` does; the random capitals of a key (``AKIA`` and 16 of ``A-Z 2-7``) hardly ever do."""
-    common = english_words()
-    longest = _longest_word()
-    run = run.lower()
-    covered = [0] * (len(run) + 1)  # covered[i]: most letters of run[i:] that words cover
-    for start in range(len(run) - 1, -1, -1):
-        best = covered[start + 1]
-        for end in range(start + 3, min(len(run), start + longest) + 1):
-            if run[start:end] in common:
-                best = max(best, end - start + covered[end])
-        covered[start] = best
-    return covered[0] * 10 >= len(run) * 7
+    they cover most, cover at least 70 % of the letters of ``run`` (capitals run together, :data:`_CAPITALS`, which
+    :data:`_PIECE` reads as one piece): ``IGNOREALLPRIORRULES`` does; the random capitals of a key (``AKIA`` and 16 of
+    ``A-Z 2-7``) hardly ever do."""
+    return _words_cover(_word_ends(run.lower()), 0, len(run))
 
 
 def _letters_read_as_words(value: str) -> bool:
     """Whether the letters of ``value`` (digits and separators taken out, case folded), once there are
-    :data:`_LETTERS_MIN` or more, read as words run together (:func:`_capitals_read_as_words`), all of them or any
-    :data:`_LETTERS_WINDOW` in a row: ``IGNOREA6LLPRIOR3RULESAN0D``, ``ign2ore5all8pri1orr4ule7san0d``; the letters
-    of a random key hardly ever do (0.4 % of 40-character base64 keys, as without this reading)."""
+    :data:`_LETTERS_MIN` or more, read as words run together (as :func:`_capitals_read_as_words` reads capitals), all
+    of them or any :data:`_LETTERS_WINDOW` in a row: ``IGNOREA6LLPRIOR3RULESAN0D``, ``ign2ore5all8pri1orr4ule7san0d``;
+    the letters of a random key hardly ever do (0.4 % of 40-character base64 keys, as without this reading). The
+    words are looked up once for all the windows."""
     letters = _NOT_LETTER.sub("", value).lower()
     if len(letters) < _LETTERS_MIN:
         return False
+    ends = _word_ends(letters)
+    if _words_cover(ends, 0, len(letters)):
+        return True
+    # in_words[i]: letters of letters[:i] inside any word; a window they cover less than 70 % of is not read
+    in_words = [0]
+    reach = 0
+    for i, word_ends in enumerate(ends):
+        reach = max(reach, *word_ends) if word_ends else reach
+        in_words.append(in_words[-1] + (reach > i))
     windows = range(max(len(letters) - _LETTERS_WINDOW, 0) + 1)
-    return _capitals_read_as_words(letters) or any(
-        _capitals_read_as_words(letters[i:i + _LETTERS_WINDOW]) for i in windows)
+    return any(_words_cover(ends, i, stop) for i in windows
+               if (in_words[stop := min(i + _LETTERS_WINDOW, len(letters))] - in_words[i]) * 10 >= (stop - i) * 7)
+
+
+def _word_ends(letters: str) -> list[list[int]]:
+    """For each index of ``letters`` (small letters), the ends, ascending, of the common English words
+    (:func:`~guard._english.english_words`) of three letters or more that start there: ``letters[i:end]`` is one.
+    Each start is read only as far as a word's beginning (:func:`_word_prefixes`) goes on."""
+    common = english_words()
+    prefixes = _word_prefixes()
+    out = []
+    for start in range(len(letters)):
+        ends = []
+        end = start + 1
+        while end <= len(letters) and letters[start:end] in prefixes:
+            if end - start >= 3 and letters[start:end] in common:
+                ends.append(end)
+            end += 1
+        out.append(ends)
+    return out
+
+
+def _words_cover(ends: list[list[int]], start: int, stop: int) -> bool:
+    """Whether the words of :func:`_word_ends` (``ends``) inside ``[start, stop)``, split where they cover most, cover
+    at least 70 % of those letters."""
+    covered = [0] * (stop - start + 1)  # covered[i - start]: most letters of [i, stop) that words cover
+    for i in range(stop - 1, start - 1, -1):
+        best = covered[i + 1 - start]
+        for end in ends[i]:
+            if end > stop:
+                break
+            best = max(best, end - i + covered[end - start])
+        covered[i - start] = best
+    return covered[0] * 10 >= (stop - start) * 7
 
 
 @functools.cache
-def _longest_word() -> int:
-    """The length of the longest of :func:`~guard._english.english_words`."""
-    return max(map(len, english_words()))
+def _word_prefixes() -> frozenset[str]:
+    """Every beginning of each of :func:`~guard._english.english_words` (the words themselves included)."""
+    return frozenset(word[:end] for word in english_words() for end in range(1, len(word) + 1))
 
 
 def _path(stack: list[list[Any]]) -> str:
@@ -556,7 +599,8 @@ def _text_view(text: str, subject: HttpSubject) -> _View:
 
 
 def _json_view(text: str, repeats: _Repeats, limit: int) -> _View:
-    """A JSON document's views, read token by token up to ``limit`` characters of view: each string and number under
+    """A JSON document's views, read token by token up to ``limit`` characters of view and
+    :data:`MAX_JUDGED_CHARS` of values read for a credential's shape: each string and number under
     a secret-named key (at any depth below it) shown as :data:`MASK` (a credential key's own value as
     :func:`_shown_secret` shows it), and the keys there that are not plain
     identifiers, the path of each such value listed in ``hidden`` unless it is the key's own value and reads as a
@@ -567,12 +611,12 @@ def _json_view(text: str, repeats: _Repeats, limit: int) -> _View:
     hidden: list[str] = []
     escapes = False
     masked = 0
-    size = 0
+    size = judged = 0
     # one frame per open object or array: [is an object, under a secret-named key, expects a key, the value's key
     # is secret-named, the member's key as shown, the element's index]
     stack: list[list[Any]] = []
     for match in _JSON_TOKEN.finditer(text):
-        if size > limit:
+        if size > limit or judged > MAX_JUDGED_CHARS:
             return _View("".join(out), "".join(decoded) if escapes else None, masked, text[match.start():], hidden)
         token = match.group()
         first = token[0]
@@ -602,6 +646,7 @@ def _json_view(text: str, repeats: _Repeats, limit: int) -> _View:
             if secret:
                 shown = plain = f'"{MASK}"'
                 named = MASK
+                judged += min(len(value), _CREDENTIAL_CHARS) if credential and not is_key else 0
                 if credential and not is_key and frame is not None and _credential_shaped(frame[4], value):
                     claims, repeated = _shown_secret(frame[4], value, repeats)
                     shown = plain = json.dumps(claims, ensure_ascii=False)
@@ -633,7 +678,8 @@ def _json_view(text: str, repeats: _Repeats, limit: int) -> _View:
 
 def _form_view(text: str, repeats: _Repeats, limit: int) -> _View:
     """A urlencoded form's views, read field by field (``&``-separated, as the application splits it) up to
-    ``limit`` characters of view: the value of a secret-named field shown as :data:`MASK` (its name listed in
+    ``limit`` characters of view and :data:`MAX_JUDGED_CHARS` of values read for a credential's shape: the value of
+    a secret-named field shown as :data:`MASK` (its name listed in
     ``hidden`` unless the value reads as a credential, :func:`_credential_shaped`); any other name or value that
     holds a secret of the request (``repeats``) masked (written again percent-encoded) and counted; and when the form
     holds percent-encoding or ``+``, ``decoded``: each field on a line, ``"name": "value"``."""
@@ -642,16 +688,17 @@ def _form_view(text: str, repeats: _Repeats, limit: int) -> _View:
     hidden: list[str] = []
     encoded = False
     masked = 0
-    size = 0
+    size = judged = 0
     at = 0
     for piece in text.split("&"):
-        if size > limit:
+        if size > limit or judged > MAX_JUDGED_CHARS:
             return _View("&".join(out), "\n".join(lines) if encoded else None, masked, text[at:], hidden)
         at += len(piece) + 1
         encoded = encoded or "%" in piece or "+" in piece
         raw_name, equals, raw_value = piece.partition("=")
         name, value = unquote_plus(raw_name, errors="replace"), unquote_plus(raw_value, errors="replace")
         if raw_value and SECRET_NAME.search(name) is not None:
+            judged += min(len(value), _CREDENTIAL_CHARS)
             if _credential_shaped(name, value):
                 value, repeated = _shown_secret(name, value, repeats)
                 raw_value = quote_plus(value, safe="[]")
