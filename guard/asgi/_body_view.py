@@ -26,6 +26,8 @@ not shown as the application reads it makes the view not ``complete`` (an approv
 from __future__ import annotations
 
 import base64
+import codecs
+import collections
 import functools
 import itertools
 import json
@@ -122,6 +124,10 @@ _BASE32 = re.compile(r"[A-Z2-7]{16,}=*|[a-z2-7]{16,}=*")
 #: (base64 of base64 of text).
 _DECODED_MIN = 12
 _MAX_DECODINGS = 3
+#: Chinese or Japanese text (ideographs, kana) and Korean text (Hangul syllables), each with ASCII, CJK punctuation and
+#: full-width forms: UTF-16 text in scripts whose blocks span many high bytes (:func:`_one_script`).
+_HAN_TEXT = re.compile(r"[\x00-\x7f\u3000-\u30ff\u4e00-\u9fff\uff00-\uffef]+")
+_HANGUL_TEXT = re.compile(r"[\x00-\x7f\u3000-\u303f\uac00-\ud7a3\uff00-\uffef]+")
 #: One piece of a token read as words: a word (capitalised or not), a run of capitals (an acronym), a run of digits.
 _PIECE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 #: Secret-named fields (:data:`~guard.engine.telemetry.SECRET_NAME`, which the decision log and the state mask too)
@@ -403,21 +409,31 @@ def _encodes_text(value: str) -> bool:
 
 def _decoded_text(value: str) -> str | None:
     """``value`` decoded to text, or ``None``: read as hex (:data:`_HEX_BYTES`), base64 or base64url (padded or not)
-    or base32 (:data:`_BASE32`), bytes that are UTF-8, or UTF-16 (with a zero byte in four or more), of
-    :data:`_DECODED_MIN` characters or more, at least 95 % printable (blank space counts) and at least half ASCII
-    letters or digits. The bytes of a random key hardly ever are."""
+    or base32 (:data:`_BASE32`), bytes that are UTF-8, or UTF-16 of one script (:func:`_one_script`), a byte order mark
+    and a character cut at the end left out, of :data:`_DECODED_MIN` characters or more, at least 95 % printable (blank space counts) and
+    at least half letters or digits, in any script. The bytes of a random key hardly ever are."""
     for data in _decodings(value):
         for coding in ("utf-8", "utf-16-le", "utf-16-be"):
-            if coding != "utf-8" and (len(data) % 2 or data.count(0) * 4 < len(data)):
-                continue
             try:
-                text = data.decode(coding)
+                # not final: a character cut at the end is left out; so is a byte order mark
+                text = codecs.getincrementaldecoder(coding)().decode(data).removeprefix("\ufeff")
             except UnicodeDecodeError:
                 continue
             if (len(text) >= _DECODED_MIN and sum(c.isprintable() or c.isspace() for c in text) >= 0.95 * len(text)
-                    and sum(c.isascii() and c.isalnum() for c in text) * 2 >= len(text)):
+                    and sum(c.isalnum() for c in text) * 2 >= len(text)
+                    and (coding == "utf-8" or _one_script(text))):
                 return text
     return None
+
+
+def _one_script(text: str) -> bool:
+    """Whether ``text`` (decoded UTF-16) keeps to one script, as text does and random bytes read as UTF-16 hardly
+    ever do: half its characters or more in one block of 256 code points (ASCII and Latin-1, Cyrillic, Greek, Arabic,
+    Hebrew, Devanagari, Thai, kana), or all of them Chinese or Japanese, or Korean (:data:`_HAN_TEXT`,
+    :data:`_HANGUL_TEXT`: those blocks are wide, a third and a sixth of UTF-16's code points)."""
+    blocks = collections.Counter(ord(c) >> 8 for c in text)
+    return (blocks.most_common(1)[0][1] * 2 >= len(text) or _HAN_TEXT.fullmatch(text) is not None
+            or _HANGUL_TEXT.fullmatch(text) is not None)
 
 
 def _decodings(value: str) -> list[bytes]:
