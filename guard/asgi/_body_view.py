@@ -336,8 +336,8 @@ def _key_shaped(value: str) -> bool:
     """Whether ``value`` has a key's shape and does not read as text (:func:`_reads_as_text`):
 
     * a JWT (:data:`_JWT`) whose header and payload are base64url of JSON objects (which a view shows decoded,
-      :func:`_shown_secret`) and whose signature has a signature's length (:data:`_SIGNATURE_LENGTHS`) and does not
-      read as text;
+      :func:`_shown_secret`) and whose signature has a signature's length (:data:`_SIGNATURE_LENGTHS`) and neither
+      reads as text nor decodes to text;
     * a key of a known prefix (the decision log's :data:`~guard.engine.telemetry._KEY_SHAPE`: ``sk_live_``,
       ``ghp_``, ``xoxb-``, ``SK`` and hex) whose part after the prefix (:data:`~guard.engine.telemetry._KEY_PREFIX`)
       is hex (:data:`_HEX_OR_UUID`) or does not read as text;
@@ -365,8 +365,8 @@ def _key_shaped(value: str) -> bool:
 
 def _jwt_shaped(header: str, payload: str, signature: str) -> bool:
     """Whether a JWT's three parts (base64url) are those of a signed token: the header and payload decode to JSON
-    objects (:func:`_jwt_part`), and the signature has a signature's length (:data:`_SIGNATURE_LENGTHS`) and does not
-    read as text. The claims are not judged: a view shows them (:func:`_shown_secret`)."""
+    objects (:func:`_jwt_part`), and the signature has a signature's length (:data:`_SIGNATURE_LENGTHS`), does not
+    read as text and does not decode to text (:func:`_decoded_text`: a signature is random bytes). The claims are not judged: a view shows them (:func:`_shown_secret`)."""
     for part in (header, payload):
         try:
             claims = json.loads(_jwt_part(part))
@@ -374,7 +374,8 @@ def _jwt_shaped(header: str, payload: str, signature: str) -> bool:
             return False
         if not isinstance(claims, dict):
             return False
-    return len(signature) in _SIGNATURE_LENGTHS and not _reads_as_text(signature)
+    return (len(signature) in _SIGNATURE_LENGTHS and not _reads_as_text(signature)
+            and _decoded_text(signature) is None)
 
 
 def _jwt_part(part: str) -> str:
