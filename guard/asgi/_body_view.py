@@ -16,7 +16,9 @@ not shown as the application reads it makes the view not ``complete`` (an approv
   credential (a token, a password) is masked and not counted;
 * the view is cut at :data:`MAX_SHOWN_BODY_BYTES`;
 * a value that repeats a secret of the request (a credential header's, a secret-named field's) is masked where it is
-  not that field's own value: a client can make any text repeat a secret, so the mask may hide what it approves;
+  not that field's own value, and so is a secret its shape gives away anywhere (a key by its known prefix, a JWT, a
+  URL's password, which the URL is shown without): a client can make any text repeat a secret or take a key's
+  shape, so the mask may hide what it approves;
 * in any other body (text, multipart), the secret values are masked wherever the text repeats them;
 * invisible and format characters (bidi controls, zero-width and tag characters, variation selectors, C1 controls,
   line and paragraph separators) are shown as ``\\u202e`` escapes, and counted;
@@ -45,6 +47,7 @@ from guard.engine.telemetry import (
     _KEY_SHAPE,
     SECRET_NAME,
     Scrubber,
+    _scrub_shapes,
     body_secrets,
     credential_name,
     credential_value,
@@ -203,7 +206,9 @@ def _is_json(subject: HttpSubject, text: str) -> bool:
 
 class _Repeats:
     """The request's secret values (its credentials: the headers and query parameters named or shaped like one, and
-    the credentials inside them; the values of the body's secret-named fields), found where a body repeats them."""
+    the credentials inside them; the values of the body's secret-named fields), found where a body repeats them; and
+    the secrets a value's shape gives away (:func:`~guard.engine.telemetry._scrub_shapes`, card numbers aside: a key
+    by its known prefix, a JWT, a URL holding a password or a credential-named parameter), wherever they are."""
 
     def __init__(self, subject: HttpSubject) -> None:
         pairs = [*subject.headers.items(), *((name, v) for name, values in subject.query.items() for v in values)]
@@ -212,13 +217,11 @@ class _Repeats:
         self._scrub = Scrubber(list(self._values)) if self._values else None
 
     def __call__(self, value: str) -> str | None:
-        """``value`` with the secrets it holds masked (all of it, :data:`MASK`, when it is one); ``None`` when it holds
-        none."""
-        if self._scrub is None:
-            return None
+        """``value`` with the secrets it holds masked (all of it, :data:`MASK`, when it is one of the request's; a URL
+        holding a password shown without it, its query and fragment); ``None`` when it holds none."""
         if value in self._values:
             return MASK
-        masked = self._scrub(value)
+        masked = _scrub_shapes(self._scrub(value) if self._scrub is not None else value, cards=False)
         return masked if masked != value else None
 
 
@@ -259,7 +262,8 @@ class _View:
             why.append(f"{left} more bytes not shown")
         if self.masked:
             why.append(f"{self.masked} {'place' if self.masked == 1 else 'places'} masked as {MASK} where the body "
-                       "repeats a secret of the request outside a secret-named field (the mask may hide other text)")
+                       "repeats a secret of the request, or holds a key or a URL's password, outside a secret-named "
+                       "field (the mask may hide other text)")
         if invisible:
             why.append(f"{invisible} invisible or format {'character' if invisible == 1 else 'characters'} (bidi, "
                        "zero-width, tag) shown as \\u escapes")

@@ -260,6 +260,31 @@ async def test_a_credential_under_a_secret_name_is_masked_and_the_item_complete(
         assert (await _approve(client, held)).status_code == 200
 
 
+@pytest.mark.parametrize(("value", "secret"), [
+    ("ghp_16C7e42F292c6912E7710c838347Ae178B4a", "ghp_16C7e"),
+    ("use sk_live_51HxYzAbCdEf0123456789 for this", "sk_live_51"),
+    ("AKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7"),
+    ("postgres://admin:S3cr3tPassw0rd@db.internal:5432/app", "S3cr3tPassw0rd"),
+])
+@pytest.mark.parametrize("content_type", ["application/json", FORM])
+def test_a_key_or_a_url_password_under_a_plain_name_is_masked_and_counted(content_type: str, value: str,
+                                                                          secret: str) -> None:
+    """A key of a known prefix or a URL's password under a field of no secret name (``note``, ``database_url``) was
+    shown in clear, though the item's state masked it (attack finding): the view masks what the decision log finds
+    by its shape, and counts each place, since the mask may hide other text."""
+    fields = {"message": "maybe hi", "note": value}
+    if content_type == FORM:
+        body = "&".join(f"{name}={quote_plus(text)}" for name, text in fields.items()).encode()
+        subject = HttpSubject(method="POST", path="/v1/x", content_type=FORM,
+                              body={name: [text] for name, text in fields.items()})
+    else:
+        body = json.dumps(fields).encode()
+        subject = HttpSubject(method="POST", path="/v1/x", content_type=content_type, body=fields)
+    view = shown_body(subject, body)
+    assert secret not in view["text"] and secret not in (view["decoded"] or "")
+    assert view["complete"] is False and "or holds a key or a URL's password" in view["not_shown"]
+
+
 async def test_a_long_header_value_masks_nothing_in_the_body(make_guard: GuardFactory, store: ReviewStore) -> None:
     """Any header value of 12 characters or more (``x-trace: "admin":true,"role":"owner"``) masked the body text that
     repeated it, shown as complete (attack finding): only credentials count as secrets of the body."""
