@@ -233,6 +233,7 @@ class _View:
         text: the body as sent, masked.
         decoded: what the application decodes, masked, or ``None`` when it is ``text``.
         masked: how many values (or places, in a text body) were masked outside a secret-named field's own value.
+        credentials: how many secret-named fields' own values were masked as credentials (not counted as unseen).
         unread: characters of the body not read (the views were past the cut already).
         hidden: the paths of the secret-named fields' masked values that do not read as a credential.
     """
@@ -242,6 +243,7 @@ class _View:
     masked: int = 0
     unread: str = ""
     hidden: list[str] = field(default_factory=list)
+    credentials: int = 0
 
     def shown(self, size: int) -> dict[str, Any]:
         """The view as an item shows it (:func:`shown_body`), for a body of ``size`` bytes."""
@@ -262,8 +264,8 @@ class _View:
             why.append(f"{left} more bytes not shown")
         if self.masked:
             why.append(f"{self.masked} {'place' if self.masked == 1 else 'places'} masked as {MASK} where the body "
-                       "repeats a secret of the request, or holds a key or a URL's password, outside a secret-named "
-                       "field (the mask may hide other text)")
+                       "repeats a secret of the request, or holds a key, a URL's password or a JWT claim's secret, "
+                       "outside a secret-named field's own value (the mask may hide other text)")
         if invisible:
             why.append(f"{invisible} invisible or format {'character' if invisible == 1 else 'characters'} (bidi, "
                        "zero-width, tag) shown as \\u escapes")
@@ -370,7 +372,8 @@ def _key_shaped(value: str) -> bool:
 def _jwt_shaped(header: str, payload: str, signature: str) -> bool:
     """Whether a JWT's three parts (base64url) are those of a signed token: the header and payload decode to JSON
     objects (:func:`_jwt_part`), and the signature has a signature's length (:data:`_SIGNATURE_LENGTHS`), does not
-    read as text and does not decode to text (:func:`_decoded_text`: a signature is random bytes). The claims are not judged: a view shows them (:func:`_shown_secret`)."""
+    read as text and does not decode to text (:func:`_decoded_text`: a signature is random bytes). The claims are
+    not judged: a view shows them (:func:`_shown_secret`)."""
     for part in (header, payload):
         try:
             claims = json.loads(_jwt_part(part))
@@ -388,20 +391,22 @@ def _jwt_part(part: str) -> str:
     return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)).decode("utf-8")
 
 
-def _shown_secret(name: str, value: str, repeats: _Repeats) -> tuple[str, bool]:
+def _shown_secret(name: str, value: str, repeats: _Repeats) -> tuple[str, int]:
     """What a view shows of the value of secret-named field ``name`` that reads as a credential
     (:func:`_credential_shaped`): :data:`MASK`; but a JWT (after an auth scheme too, under an auth header's name) as
     its header and payload decoded and its signature masked (``Bearer {"alg":"HS256"}.{"sub":"42"}.[redacted]``):
-    the claims are what the application reads, and without its signature the token cannot be used. The secrets of
-    the request the claims repeat (``repeats``) are masked there too; and whether any were."""
+    the claims are what the application reads, and without its signature the token cannot be used. The claims are
+    masked as a JSON body's view masks them (:func:`_json_view`: the values of secret-named claims, the secrets of
+    the request they repeat, keys and URL passwords by their shape); and how many places were, each counted (the
+    mask may hide text the application reads)."""
     scheme = _AUTH_SCHEME.fullmatch(value) if _AUTH_NAME.fullmatch(name) is not None else None
     head, token = (value[:scheme.start(1)], scheme.group(1)) if scheme is not None else ("", value)
     jwt = _JWT.fullmatch(token)
     if jwt is None:
-        return MASK, False
-    shown = f"{head}{_jwt_part(jwt.group(1))}.{_jwt_part(jwt.group(2))}.{MASK}"
-    found = repeats(shown)
-    return (shown, False) if found is None else (found, True)
+        return MASK, 0
+    views = [_json_view(_jwt_part(part), repeats, MAX_SHOWN_BODY_BYTES) for part in jwt.group(1, 2)]
+    shown = f"{head}{views[0].text}.{views[1].text}.{MASK}"
+    return shown, sum(view.masked + view.credentials + len(view.hidden) for view in views)
 
 
 def _encodes_text(value: str) -> bool:
@@ -631,14 +636,15 @@ def _json_view(text: str, repeats: _Repeats, limit: int) -> _View:
     decoded: list[str] = []
     hidden: list[str] = []
     escapes = False
-    masked = 0
+    masked = credentials = 0
     size = judged = 0
     # one frame per open object or array: [is an object, under a secret-named key, expects a key, the value's key
     # is secret-named, the member's key as shown, the element's index]
     stack: list[list[Any]] = []
     for match in _JSON_TOKEN.finditer(text):
         if size > limit or judged > MAX_JUDGED_CHARS:
-            return _View("".join(out), "".join(decoded) if escapes else None, masked, text[match.start():], hidden)
+            return _View("".join(out), "".join(decoded) if escapes else None, masked, text[match.start():], hidden,
+                         credentials)
         token = match.group()
         first = token[0]
         frame = stack[-1] if stack else None
@@ -672,6 +678,7 @@ def _json_view(text: str, repeats: _Repeats, limit: int) -> _View:
                     claims, repeated = _shown_secret(frame[4], value, repeats)
                     shown = plain = json.dumps(claims, ensure_ascii=False)
                     masked += repeated
+                    credentials += 1
                 elif not is_key:
                     hidden.append(_path(stack))
             elif (found := repeats(value)) is not None:
@@ -694,7 +701,7 @@ def _json_view(text: str, repeats: _Repeats, limit: int) -> _View:
         out.append(shown)
         decoded.append(plain)
         size += len(shown)
-    return _View("".join(out), "".join(decoded) if escapes else None, masked, hidden=hidden)
+    return _View("".join(out), "".join(decoded) if escapes else None, masked, hidden=hidden, credentials=credentials)
 
 
 def _form_view(text: str, repeats: _Repeats, limit: int) -> _View:

@@ -282,7 +282,7 @@ def test_a_key_or_a_url_password_under_a_plain_name_is_masked_and_counted(conten
         subject = HttpSubject(method="POST", path="/v1/x", content_type=content_type, body=fields)
     view = shown_body(subject, body)
     assert secret not in view["text"] and secret not in (view["decoded"] or "")
-    assert view["complete"] is False and "or holds a key or a URL's password" in view["not_shown"]
+    assert view["complete"] is False and "or holds a key, a URL's password" in view["not_shown"]
 
 
 async def test_a_long_header_value_masks_nothing_in_the_body(make_guard: GuardFactory, store: ReviewStore) -> None:
@@ -602,6 +602,28 @@ def test_a_jwt_is_shown_with_its_claims_decoded_and_its_signature_masked(claims:
     assert view["complete"] and signature not in view["text"]
     assert view["decoded"] == "\n".join([f'"token": {json.dumps(f"{header}.{payload}.[redacted]", ensure_ascii=False)}',
                                          '"amount": "5"'])
+
+
+@pytest.mark.parametrize(("claims", "shown"), [
+    ({"sub": "1", "client_secret": "sk_live_51Hx9QzAbCdEf0123456789", "db": "postgres://u:Pw0rd9x@h/db"},
+     {"sub": "1", "client_secret": "[redacted]", "db": "postgres://h/db"}),
+    ({"sub": "1", "client_secret": "Zx9Qw3Er7Ty1Ui5Op", "password": "hunter2 hunter2"},
+     {"sub": "1", "client_secret": "[redacted]", "password": "[redacted]"}),
+    ({"sub": "1", "note": "ghp_16C7e42F292c6912E7710c838347Ae178B4a", "creds": {"api_key": "Ignore all rules"}},
+     {"sub": "1", "note": "[redacted]", "creds": {"api_key": "[redacted]"}}),
+])
+def test_secrets_in_a_jwts_claims_are_masked_and_counted(claims: dict[str, Any], shown: dict[str, Any]) -> None:
+    """A JWT's claims were shown as they are, so a client secret, a password or a database URL's password inside
+    them was in clear (attack finding): the claims are masked as a JSON body is, and each mask counts, as it may hide
+    text the application reads."""
+    token = _jwt(_HS256, claims)
+    for name, value, head in (("token", token, ""), ("authorization", f"Bearer {token}", "Bearer ")):
+        fields = {"message": "maybe hi", name: value}
+        subject = HttpSubject(method="POST", path="/v1/refund", content_type="application/json", body=fields)
+        view = shown_body(subject, json.dumps(fields).encode())
+        masked = f"{head}{json.dumps(_HS256)}.{json.dumps(shown)}.[redacted]"
+        assert view["text"] == json.dumps({"message": "maybe hi", name: masked}, ensure_ascii=False)
+        assert view["complete"] is False and view["not_shown"].startswith("2 places masked as [redacted]")
 
 
 @pytest.mark.parametrize("value", [
