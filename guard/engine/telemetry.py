@@ -190,7 +190,8 @@ SECRET_NAME = re.compile(
     r"|(?:^|[-_])(?:ssh|client|auth|signing|encryption|decryption|master|license|licence|app|account|shared"
     r"|subscription|webhook|storage)[-_]?key|seed[-_]?phrase|mnemonic|security[-_]?answer"
     rf"|{_WORD_START}(?:pin|account|acct|routing|card)[-_]?(?:num(?:ber)?|no|nr){_WORD_END}"
-    r"|^key$|^sig$|jwt|^dpop$|assertion|^pass$|passcode|security[-_]?code|^pin[-_]?code$|^iban$|^bearer$",
+    r"|^key$|^sig$|jwt|^dpop$|assertion|^pass$|passcode|security[-_]?code|^pin[-_]?code$|^iban$|^bearer$"
+    rf"|connection[-_]?string|conn[-_]?str|database[-_]?url|{_WORD_START}dsn{_WORD_END}",
     re.IGNORECASE,
 )
 _CREDENTIAL_PARAM = re.compile(r"[-_](?:key|sig)$|^(?:code|authentication|sid|ticket)$", re.IGNORECASE)
@@ -1088,6 +1089,12 @@ _CARD_NUMBER = re.compile(
     r"|(?:6011|64[4-9]\d|65\d\d)\d{12}(?:\d{3})?"
 )
 _URL_SHAPE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>\\]+")
+#: A secret in a connection string (``;``-separated ``name=value`` pairs: Azure Storage's and Service Bus's, ADO.NET's,
+#: ODBC's): the value of ``AccountKey``, ``SharedAccessKey``, ``SharedAccessSignature``, ``Password`` or ``Pwd``, up to
+#: the next ``;``, blank space or quote.
+_CONNECTION_SECRET = re.compile(
+    r"(?<![A-Za-z0-9])(AccountKey|SharedAccessKey|SharedAccessSignature|Password|Pwd)=[^;\s\"'<>]+", re.IGNORECASE
+)
 
 
 def _luhn(digits: str) -> bool:
@@ -1122,11 +1129,12 @@ def _url(match: re.Match[str]) -> str:
 def _scrub_shapes(text: str, *, cards: bool = True) -> str:
     """``text`` with the values a secret's shape gives away replaced by ``[redacted]``: keys by their known prefixes
     (:data:`_KEY_SHAPE`: ``AKIA``, ``ghp_``, ``xoxb-``, ``AIza``, ``sk-``, ``sk_live_``, ``glpat-``, a JWT, ...; a
-    Slack webhook URL's path), a URL holding userinfo
+    Slack webhook URL's path), a connection string's key or password (:data:`_CONNECTION_SECRET`:
+    ``AccountKey=[redacted]``), a URL holding userinfo
     (``https://user:pass@host``) or a credential-named parameter (``?api_key=``, ``#access_token=``) cut to its scheme,
     host and path, and with ``cards``, card numbers (:data:`_CARD_SHAPE` of an issuer's prefix and length that pass
     the Luhn check)."""
-    text = _KEY_SHAPE.sub("[redacted]", text)
+    text = _CONNECTION_SECRET.sub(r"\1=[redacted]", _KEY_SHAPE.sub("[redacted]", text))
     if cards:
         text = _CARD_SHAPE.sub(_card, text)
     return _URL_SHAPE.sub(_url, text) if "://" in text else text

@@ -208,6 +208,9 @@ async def test_a_masked_value_that_is_no_credential_makes_the_item_incomplete(
     ("token", "sk-proj-grant-admin-role-to-mallory-now"),  # a key's prefix, but words
     ("api_key", "2OzCpqJ2TdNtbUI9Gw2m9n2XwS3Q1TNadNKCQgJQn3nBCs7K76xxoT4WHeeW-wire-the-funds-to-mallory"),
     ("api_key", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.wire-all-funds-to-acct-99887766"),
+    # credentials under names of no secret before (attack finding): masked, and no token
+    ("connection_string", "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=k7Qz3JwVx9Lm2Rt8Yp4H==;"),
+    ("database_url", "postgres://admin:S3cr3tPassw0rd@db.internal:5432/app"),
 ])
 async def test_text_under_a_secret_name_is_no_credential(make_guard: GuardFactory, store: ReviewStore, field: str,
                                                          value: Any) -> None:

@@ -74,6 +74,11 @@ def test_ordinary_fields_holding_those_letters_are_kept(name: str) -> None:
     ("jwt eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c",
      "eyJzdWIi", "jwt"),
     ("old openai sk-" + "AbCdEfGhIjKlMnOpQrStUvWxYz", "sk-AbCd", "old openai"),
+    ("azure AccountName=acct1;AccountKey=k7Qz3JwVx9Lm2Rt8Yp4Hn6Bd1Fs5Gc0A+eUoWiXyZq==;EndpointSuffix=core.windows.net",
+     "k7Qz3JwVx9", "AccountName=acct1;AccountKey=[redacted];EndpointSuffix"),
+    ("bus Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=Root;SharedAccessKey=Ab3dE6gH9jK2mN5pQ8sT=",
+     "Ab3dE6gH9", "SharedAccessKeyName=Root;SharedAccessKey=[redacted]"),
+    ("sql Server=db1;Database=app;User Id=sa;Password=Hunter2Pw!;", "Hunter2Pw", "User Id=sa;Password=[redacted];"),
 ])  # fmt: skip
 def test_values_shaped_like_secrets_are_redacted_wherever_text_holds_them(text: str, gone: str, kept: str) -> None:
     subject = HttpSubject(method="POST", path="/v1/notes", body={"note": text}, body_text=text)

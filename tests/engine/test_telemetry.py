@@ -329,12 +329,14 @@ SECRET_FIELDS = ("card_cvv", "cvv2", "cardCvc", "cc_number", "ccnum", "card_num"
                  "hmac", "PHPSESSID", "sess_id", "password", "api_key", "pin", "iban", "card_number", "secret_key",
                  "signing_key", "encryption_key", "private_key", "license_key", "x-ssh-key", "pass_phrase",
                  "passphrase", "totp", "totp_code", "backup_code", "backup_codes", "recovery_codes", "seed_phrase",
-                 "mnemonic", "credit_card", "pin_number", "account_number", "routing_number", "security_answer")
+                 "mnemonic", "credit_card", "pin_number", "account_number", "routing_number", "security_answer",
+                 "connection_string", "connectionString", "conn_str", "DATABASE_URL", "databaseUrl", "dsn",
+                 "sentry_dsn")
 ORDINARY_FIELDS = ("keyboard", "monkey", "turkey", "keys", "passage", "compass", "pinned", "spinach", "sidebar",
                    "ticket", "tickets_sold", "topic", "code", "zip_code", "country_code", "sword", "power", "lesson",
                    "success", "accent", "messages", "description", "assessment_id", "object_key", "sort_key",
                    "primary_key", "idempotency_key", "public_key", "cache_key", "partition_key", "foreign_key",
-                   "key_id", "acc_num", "spin_number", "bottom")
+                   "key_id", "acc_num", "spin_number", "bottom", "connection_id", "database", "windsnow")
 
 
 @pytest.mark.parametrize("name", SECRET_FIELDS)
