@@ -316,8 +316,8 @@ def _credential_shaped(name: str, value: str) -> bool:
         if value[:6].lower() == "basic ":  # base64 of user:password: the credential is that text
             return _shaped_token(scheme.group(1))
         return _is_token(scheme.group(1))
-    return (_PASSWORD_NAME.fullmatch(name) is not None and len(value) <= _CREDENTIAL_CHARS and not _LINE_BREAK.search(value)
-            and INVISIBLE.search(value) is None)
+    return (_PASSWORD_NAME.fullmatch(name) is not None and len(value) <= _CREDENTIAL_CHARS
+            and not _LINE_BREAK.search(value) and INVISIBLE.search(value) is None)
 
 
 def _is_token(value: str, depth: int = 0) -> bool:
@@ -424,9 +424,10 @@ def _encodes_text(value: str) -> bool:
 
 def _decoded_text(value: str) -> str | None:
     """``value`` decoded to text, or ``None``: read as hex (:data:`_HEX_BYTES`), base64 or base64url (padded or not)
-    or base32 (:data:`_BASE32`), bytes that are UTF-8, or UTF-16 of one script (:func:`_one_script`), a byte order mark
-    and a character cut at the end left out, of :data:`_DECODED_MIN` characters or more, at least 95 % printable (blank space counts) and
-    at least half letters or digits, in any script. The bytes of a random key hardly ever are."""
+    or base32 (:data:`_BASE32`), bytes that are UTF-8, or UTF-16 of one script (:func:`_one_script`), a byte order
+    mark and a character cut at the end left out, of :data:`_DECODED_MIN` characters or more, at least 95 % printable
+    (blank space counts) and at least half letters or digits, in any script. The bytes of a random key hardly ever
+    are."""
     for data in _decodings(value):
         for coding in ("utf-8", "utf-16-le", "utf-16-be"):
             try:
@@ -558,7 +559,7 @@ def _letters_read_as_words(value: str) -> bool:
     in_words = [0]
     reach = 0
     for i, word_ends in enumerate(ends):
-        reach = max(reach, *word_ends) if word_ends else reach
+        reach = max(reach, word_ends[-1]) if word_ends else reach
         in_words.append(in_words[-1] + (reach > i))
     windows = range(max(len(letters) - _LETTERS_WINDOW, 0) + 1)
     return any(_words_cover(ends, i, stop) for i in windows
@@ -566,7 +567,7 @@ def _letters_read_as_words(value: str) -> bool:
 
 
 def _word_ends(letters: str) -> list[list[int]]:
-    """For each index of ``letters`` (small letters), the ends, ascending, of the common English words
+    """For each index of ``letters`` (case folded), the ends, ascending, of the common English words
     (:func:`~guard._english.english_words`) of three letters or more that start there: ``letters[i:end]`` is one.
     Each start is read only as far as a word's beginning (:func:`_word_prefixes`) goes on."""
     common = english_words()
