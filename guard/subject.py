@@ -192,7 +192,8 @@ class TurnMessage:
             did not write (a conversation summary, such as LangChain's ``SummarizationMiddleware`` writes, or the task
             a parent agent gave this agent as a sub-agent).
         text: all of the message's text.
-        tool_name, tool_call_id: the tool and call a ``tool`` message answers.
+        tool_name, tool_call_id: the tool and call a ``tool`` message answers (``tool_name`` ``None``: not known, and
+            the result is no evidence for argument provenance).
         flagged: what guard did with a tool result it flagged: ``withheld`` or ``quoted`` (the text is guard's notice
             or quote), ``stripped`` (the text is what was left once the instructions were cut out); ``None`` for a
             result passed on as it was. Of an ``agent`` message, ``summarized``: it summarizes a conversation that

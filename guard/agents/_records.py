@@ -492,9 +492,12 @@ def turn_history(
     results, flagged ``withheld`` when their key (:func:`server_key`) is in ``server_flagged`` (the tool-result
     policy did not allow them when the reply was judged). ``texts``: where each message's text is kept for the next
     step (:func:`~guard.agents._content.message_text`, worked out again for a message changed since). Each tool
-    result carries the arguments of the call it answers (``arguments``), from the model turn that made it."""
+    result carries the arguments of the call it answers (``arguments``), from the model turn that made it, and the
+    name of the tool that call named (the message's own ``name`` only when no call has its id: OpenAI's tool
+    messages carry none)."""
     out: list[TurnMessage] = []
     called: dict[str | None, Any] = {}  # tool_call_id -> the arguments the model gave it
+    names: dict[str | None, str] = {}  # tool_call_id -> the name of the tool the model called
     messages = state_messages(state, messages_key)
     relayed = {id(message) for message in _agent_messages(messages, subagent, trusted_system)}
     for message in messages:
@@ -507,6 +510,7 @@ def turn_history(
             cut = data.get("cut") if flagged == "stripped" and isinstance(data, Mapping) else None
             cut = cut[:MAX_CUT_CHARS] if isinstance(cut, str) else ""  # guard writes no more (a tool's own copy may)
             tool, call_id = (message.name, message.tool_call_id) if isinstance(message, ToolMessage) else added
+            tool = names.get(call_id) or tool  # the tool the model called (OpenAI's tool messages carry no name)
             out.append(TurnMessage("tool", _text(message, texts), tool, call_id, flagged, cut, called.get(call_id)))
         elif id(message) in relayed:
             summary = message.id is not None and message.id in summarized
@@ -520,6 +524,7 @@ def turn_history(
             if text:
                 out.append(TurnMessage("assistant", text))
             called.update((call["id"], call["args"]) for call in message.tool_calls)
+            names.update((call["id"], call["name"]) for call in message.tool_calls)
             blocks = server_blocks(message)
             called.update((block.id, block.value) for block in blocks if block.kind == "call")
             out += [TurnMessage("tool", block.value, block.name, block.id,

@@ -19,7 +19,8 @@ A tool call's arguments are looked up in the conversation before it (the subject
   joined in order or in another, make it. A tool whose results are no evidence (``evidence: false`` in the policy's
   ``tools``, and provider code execution and well-known code, shell and calculator tools unless declared
   ``evidence: true``: :data:`CODE_TOOLS`) gives no value this source: its
-  output is what the model's own code or command computed (``print('...'[::-1])``, ``echo ... | rev``);
+  output is what the model's own code or command computed (``print('...'[::-1])``, ``echo ... | rev``); nor does a
+  result whose tool is not known (:attr:`TurnMessage.tool_name` ``None``);
 * ``flagged_tool_result``: it is inside such a span (:func:`guard.policy.instructions.find_instructions`) of a tool
   result or an ``agent`` message, in a tool result guard withheld or quoted, or in the instructions guard cut out of
   a *stripped* one (what is left of it is an ordinary tool result, but a value the cut instructions named stays
@@ -557,9 +558,11 @@ def _leaves(value: Any) -> Iterable[Any]:
 
 def gives_evidence(tools: Mapping[str, ToolSpec], tool: str | None) -> bool:
     """Whether a value in ``tool``'s results is a ``tool_result`` for a policy with ``tools`` (its ``evidence``;
-    undeclared: yes, but for :data:`CODE_TOOLS`)."""
-    evidence = tools.get(tool or "", ToolSpec()).evidence
-    return evidence if evidence is not None else (tool or "").lower() not in CODE_TOOLS
+    undeclared: yes, but for :data:`CODE_TOOLS`; ``None``, a result whose tool is not known: no)."""
+    if tool is None:
+        return False
+    evidence = tools.get(tool, ToolSpec()).evidence
+    return evidence if evidence is not None else tool.lower() not in CODE_TOOLS
 
 
 def _repeated(history: Sequence[TurnMessage], tools: Mapping[str, ToolSpec]) -> list[tuple[Any, ...] | None]:

@@ -327,3 +327,23 @@ def test_a_value_provider_code_execution_printed_is_no_evidence(blocks: list[dic
     history = turn_history({"messages": messages})
     assert any(m.role == "tool" and IBAN in m.text for m in history)
     assert trace_arguments({"recipient": IBAN}, history)["recipient"].source == "none"
+
+
+def test_a_code_tools_result_without_a_name_is_read_as_the_tool_the_model_called() -> None:
+    """OpenAI's chat format gives a tool message only the call's id: the result of the model's ``python`` call (the
+    IBAN it printed reversed back) was read as an unnamed tool's, a ``tool_result``, and the payment to it ran
+    unreviewed (review finding). The name is the one the model called; a result whose tool is not known at all (no
+    name, no call with its id) is no evidence either."""
+    code = {"code": f"print('{IBAN[::-1]}'[::-1])"}
+    called = AIMessage(content="", tool_calls=[{"name": "python", "args": code, "id": "c1"}])
+    for result in (ToolMessage(content=IBAN, tool_call_id="c1"), ToolMessage(content=IBAN, tool_call_id="c1",
+                                                                              name="lookup")):  # fmt: skip
+        history = turn_history({"messages": [HumanMessage("Pay my landlord the rent, 1200 EUR."), called, result]})
+        assert history[-1].tool_name == "python"
+        assert trace_arguments({"recipient": IBAN}, history)["recipient"].source == "none"
+    orphan = turn_history({"messages": [HumanMessage("Pay my landlord."), ToolMessage(content=IBAN, tool_call_id="c9")]})
+    assert orphan[-1].tool_name is None
+    assert trace_arguments({"recipient": IBAN}, orphan)["recipient"].source == "none"
+    named = turn_history({"messages": [HumanMessage("Pay my landlord."), ToolMessage(content=IBAN, tool_call_id="c9",
+                                                                                     name="get_landlord")]})  # fmt: skip
+    assert trace_arguments({"recipient": IBAN}, named)["recipient"].source == "tool_result"
