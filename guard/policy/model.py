@@ -572,9 +572,11 @@ class ToolSpec(_Strict):
         default=None,
         description="Whether a value in the tool's results counts as tool_result (false for a tool that computes its "
         "output from the model's input, such as a shell: its values keep the source they have elsewhere, else none); "
-        "omitted: true, but false for provider code execution and well-known code tools, names compared lower-cased "
-        "(code_execution, bash_code_execution, text_editor_code_execution, code_interpreter, executable_code, "
-        "local_shell, shell, bash, terminal, python, python_repl, python_repl_ast, calculator).",
+        "omitted: true, but false for provider code execution and well-known code, shell and calculator tools "
+        "(code_execution, code_interpreter, local_shell, shell, bash, terminal, python, python_repl, calculator, "
+        "python_interpreter, execute_command, run_code ...: guard.policy.provenance.CODE_TOOLS), names compared in "
+        "letters and digits only, case ignored, a namespaced one also by its parts (functions.python, "
+        "mcp__shell__bash). No list names every such tool: declare the others false.",
     )
 
 

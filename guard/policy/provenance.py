@@ -15,12 +15,12 @@ A tool call's arguments are looked up in the conversation before it (the subject
   then ``amount`` 90; not ``n=100`` of a lookup then an ``amount`` of 100 it lists); nor is a tool result evidence
   for the arguments of an earlier call the policy's ``tools`` do not declare ``read_only`` (the payment a later
   ``get_most_recent_transactions`` lists, a file written then read), which keep the source they had before it; an
-  identifier split among a call's strings (``{"country": "GB", "rest": "33BUKB..."}``) is among them when they,
-  joined in order or in another, make it. A tool whose results are no evidence (``evidence: false`` in the policy's
-  ``tools``, and provider code execution and well-known code, shell and calculator tools unless declared
-  ``evidence: true``: :data:`CODE_TOOLS`) gives no value this source: its
-  output is what the model's own code or command computed (``print('...'[::-1])``, ``echo ... | rev``); nor does a
-  result whose tool is not known (:attr:`TurnMessage.tool_name` ``None``);
+  identifier split among a call's strings and integers (``{"country": "GB", "rest": "33BUKB..."}``) is among them
+  when they, joined in order, hold it forwards or reversed, or the pieces found in it cover it (:func:`_covers`). A
+  tool whose results are no evidence (``evidence: false`` in the policy's ``tools``, and provider code execution and
+  well-known code, shell and calculator tools unless declared ``evidence: true``: :func:`is_code_tool`) gives no
+  value this source: its output is what the model's own code or command computed (``print('...'[::-1])``,
+  ``echo ... | rev``); nor does a result whose tool is not known (:attr:`TurnMessage.tool_name` ``None``);
 * ``flagged_tool_result``: it is inside such a span (:func:`guard.policy.instructions.find_instructions`) of a tool
   result or an ``agent`` message, in a tool result guard withheld or quoted, or in the instructions guard cut out of
   a *stripped* one (what is left of it is an ordinary tool result, but a value the cut instructions named stays
@@ -105,6 +105,7 @@ __all__ = [
     "call_features",
     "flagged_results",
     "gives_evidence",
+    "is_code_tool",
     "resolved_effect",
     "result_features",
     "rule_features",
@@ -127,15 +128,26 @@ DETECTOR_MAX_CHARS = 200_000
 CACHED_TEXTS = 2048
 #: Shortest value (normalised characters) matched as text; shorter strings are found anywhere and carry no evidence.
 MIN_TEXT_CHARS = 3
-#: Tools that compute their output from the model's input, by name (compared lower-cased): provider code execution
-#: (Anthropic's ``code_execution`` and, from 2025-08-25, ``bash_code_execution`` and ``text_editor_code_execution``,
-#: Google's ``code_execution``, OpenAI's ``code_interpreter`` and its shells, ``local_shell`` and ``shell``) and the
-#: well-known client tools that run code or arithmetic (Anthropic's ``bash`` tool, LangChain's ``terminal``,
-#: ``Python_REPL``, ``python_repl_ast`` and ``Calculator``, a plain ``python``). Their results print what the model's
-#: code computed, so they are no evidence unless the policy's tools say ``evidence: true``.
-CODE_TOOLS = frozenset({"code_execution", "bash_code_execution", "text_editor_code_execution", "code_interpreter",
-                        "executable_code", "local_shell", "shell", "bash", "terminal", "python", "python_repl",
-                        "python_repl_ast", "calculator"})
+#: Tools that compute their output from the model's input, by name (:func:`is_code_tool` compares them): provider code
+#: execution (Anthropic's ``code_execution`` and, from 2025-08-25, ``bash_code_execution`` and
+#: ``text_editor_code_execution``, Google's ``code_execution``, OpenAI's ``code_interpreter`` and its shells,
+#: ``local_shell`` and ``shell``) and the well-known client tools that run code, a shell or arithmetic: Anthropic's
+#: ``bash`` tool; LangChain's ``terminal``, ``Python_REPL``, ``python_repl_ast``, ``Calculator``, ``e2b_data_analysis``,
+#: ``bearly_interpreter``, ``riza_exec_python`` and ``wolfram_alpha``; smolagents' ``python_interpreter``; OpenHands'
+#: ``execute_bash`` and ``execute_ipython_cell``; Cline's ``execute_command``; Gemini CLI's ``run_shell_command``; VS
+#: Code's ``run_in_terminal``; Codex's ``container.exec``; and the common generic names (``python``, ``run_code``,
+#: ``shell_exec``, ``calc`` ...). Their results print what the model's code computed, so they are no evidence unless the
+#: policy's tools say ``evidence: true``. No list names every such tool: a policy declares the others
+#: ``evidence: false``.
+CODE_TOOLS = frozenset({
+    "code_execution", "bash_code_execution", "text_editor_code_execution", "code_interpreter", "executable_code",
+    "local_shell", "shell", "bash", "terminal", "python", "python_repl", "python_repl_ast", "calculator",
+    "e2b_data_analysis", "bearly_interpreter", "riza_exec_python", "wolfram_alpha", "python_interpreter",
+    "execute_bash", "execute_ipython_cell", "execute_command", "run_shell_command", "run_in_terminal", "exec",
+    "run_code", "execute_code", "run_python", "execute_python", "run_javascript", "javascript", "shell_exec",
+    "exec_command", "run_command", "bash_tool", "sh", "zsh", "powershell", "cmd", "ipython", "jupyter", "repl",
+    "eval", "calc", "math", "llm_math", "python_repl_tool",
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -556,13 +568,25 @@ def _leaves(value: Any) -> Iterable[Any]:
             yield item
 
 
+_CODE_NAMES = frozenset(_NOT_ALNUM.sub("", name) for name in CODE_TOOLS)
+# What parts a namespaced tool name: functions.python, mcp__shell__bash, container.exec, tools/python, server:bash.
+_NAMESPACE = re.compile(r"__|[./:]")
+
+
+def is_code_tool(tool: str) -> bool:
+    """Whether ``tool`` is one of :data:`CODE_TOOLS`: its name or a part of a namespaced one (``functions.python``,
+    ``mcp__shell__bash``, ``container.exec``), compared in letters and digits only, NFKC-normalised and lower-cased
+    (``Code Interpreter``, ``PythonREPL`` and ``python-repl`` are ``code_interpreter`` and ``python_repl``)."""
+    return any(_NOT_ALNUM.sub("", _fold(part)) in _CODE_NAMES for part in (tool, *_NAMESPACE.split(tool)))
+
+
 def gives_evidence(tools: Mapping[str, ToolSpec], tool: str | None) -> bool:
     """Whether a value in ``tool``'s results is a ``tool_result`` for a policy with ``tools`` (its ``evidence``;
-    undeclared: yes, but for :data:`CODE_TOOLS`; ``None``, a result whose tool is not known: no)."""
+    undeclared: yes, but for :func:`is_code_tool`; ``None``, a result whose tool is not known: no)."""
     if tool is None:
         return False
     evidence = tools.get(tool, ToolSpec()).evidence
-    return evidence if evidence is not None else tool.lower() not in CODE_TOOLS
+    return evidence if evidence is not None else not is_code_tool(tool)
 
 
 def _repeated(history: Sequence[TurnMessage], tools: Mapping[str, ToolSpec]) -> list[tuple[Any, ...] | None]:
@@ -582,27 +606,36 @@ def _repeated(history: Sequence[TurnMessage], tools: Mapping[str, ToolSpec]) -> 
 
 
 def _covers(pieces: Sequence[str], compact: str) -> bool:
-    """Whether ``pieces`` (letters and digits only), joined in some order, may make ``compact``: each non-empty one
-    is in it and their lengths add up to its length (``head="GB33BUKB"`` after ``rest="2020..."``)."""
-    pieces = [piece for piece in pieces if piece]
-    return bool(pieces) and sum(map(len, pieces)) == len(compact) and all(piece in compact for piece in pieces)
+    """Whether the ``pieces`` (letters and digits only) that are in ``compact``, as given or reversed, cover every
+    character of it, wherever they are and whatever other pieces there are: a tool may join them in any order and
+    reverse some (``head="GB33BUKB"`` after ``rest="2020..."``, beside ``order="b,a"`` or a template ``{1}{0}``)."""
+    covered = [False] * len(compact)
+    for form in {form for piece in pieces if piece for form in (piece, piece[::-1])}:
+        at = compact.find(form)
+        while at >= 0:
+            covered[at : at + len(form)] = [True] * len(form)
+            at = compact.find(form, at + 1)
+    return bool(compact) and all(covered)
 
 
 def _echoes(needle: _Needle, repeated: Sequence[Any]) -> bool:
     """Whether ``needle`` is among the arguments of calls in ``repeated`` (their values and the identifiers inside
     them: :func:`_repeated`), so a tool result may only repeat it. A number (not an identifier) is looked for only in
     the argument of its own name (``amount`` of a repeated payment; not ``n=100`` of a lookup whose result lists a
-    payment of 100); an identifier also in a call's strings joined in order, letters and digits only (split into
-    ``{"country": "GB", "rest": "33BUKB..."}`` or 4-character pieces for the tool to join), or pieces that joined in
-    another order make it (:func:`_covers`)."""
+    payment of 100); an identifier also in a call's strings and integers, letters and digits only: joined in order,
+    forwards or reversed (split into ``{"country": "GB", "rest": "33BUKB..."}`` or 4-character pieces for the tool to
+    join, ``echo 55...BG | rev``), or pieces that cover it in another order (:func:`_covers`)."""
     values = []
     for arguments in repeated:
         if needle.number is not None and needle.compact is None:
             named = isinstance(arguments, Mapping) and needle.argument in arguments
             arguments = arguments[needle.argument] if named else None
         leaves = [leaf for leaf in _leaves(arguments) if isinstance(leaf, str | int | float)]
-        pieces = [_NOT_ALNUM.sub("", _fold(leaf)) for leaf in leaves if isinstance(leaf, str)]
-        if needle.compact is not None and (needle.compact in "".join(pieces) or _covers(pieces, needle.compact)):
+        pieces = [_NOT_ALNUM.sub("", _fold(str(leaf))) for leaf in leaves if isinstance(leaf, str | int)
+                  and not isinstance(leaf, bool)]  # fmt: skip
+        joined = "".join(pieces)
+        if needle.compact is not None and (needle.compact in joined or needle.compact[::-1] in joined
+                                           or _covers(pieces, needle.compact)):  # fmt: skip
             return True
         values.extend(map(str, leaves))
     return bool(values) and _found(needle, _prepare("\n".join(values)))

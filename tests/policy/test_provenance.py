@@ -476,10 +476,16 @@ def test_a_tool_that_computes_from_the_models_input_gives_no_evidence() -> None:
     assert source({"to": iban}, USER, shell, tools=loaded.tools) == {"to": "none"}
 
 
-@pytest.mark.parametrize("name", ["bash", "shell", "terminal", "Python_REPL", "python_repl_ast", "Calculator"])
+@pytest.mark.parametrize("name", [
+    "bash", "shell", "terminal", "Python_REPL", "python_repl_ast", "Calculator",
+    # a namespaced name's part, another spelling, another framework's name (review finding: all were evidence)
+    "functions.python", "mcp__shell__bash", "container.exec", "Code Interpreter", "PythonREPL", "python-repl",
+    "python_interpreter", "e2b_data_analysis", "run_code", "execute_command", "shell_exec", "bash_tool", "calc",
+])  # fmt: skip
 def test_a_well_known_code_tool_gives_no_evidence_unless_declared(name: str) -> None:
     """A client shell, Python REPL or calculator the policy does not declare prints what the model asked for
-    (``echo <reversed> | rev``, ``99*101``): no evidence, as provider code execution; ``evidence: true`` makes it."""
+    (``echo <reversed> | rev``, ``99*101``): no evidence, as provider code execution; ``evidence: true`` makes it. A
+    namespaced name counts by its parts and a name in letters and digits only, case ignored."""
     iban = "GB33BUKB20201555555555"
     ran = TurnMessage("tool", iban, name, "s1", arguments={"command": "echo 55555555512020BKUB33BG | rev"})
     assert source({"to": iban}, USER, ran) == {"to": "none"}
@@ -494,10 +500,26 @@ def test_a_well_known_code_tool_gives_no_evidence_unless_declared(name: str) -> 
     {"parts": {"a": "GB", "b": ["33", "BU", "KB"], "c": "20201555555555"}},
     {"rest": "20201555555555", "head": "GB33BUKB"},
     {"parts": ["5555", "55", "GB33", "2020", "BUKB", "1555"]},
+    # beside other arguments, reversed, as an integer (review finding: each was the tool's evidence)
+    {"a": "1555555555", "b": "GB33BUKB2020", "order": "b,a"},
+    {"template": "{1}{0}", "args": ["1555555555", "GB33BUKB2020"]},
+    {"text": "55555555510202BKUB33BG"},
+    {"command": "echo 55555555510202bkub33bg | rev | tr a-z A-Z"},
+    {"head": "GB33BUKB202", "tail": "55555555510"},
+    {"rest": 20201555555555, "head": "GB33BUKB"},
 ])  # fmt: skip
 def test_an_identifier_split_among_a_calls_arguments_is_an_echo(arguments: dict) -> None:
     joined = TurnMessage("tool", "IBAN GB33BUKB20201555555555", "format_iban", "c1", arguments=arguments)
     assert source({"to": "GB33BUKB20201555555555"}, USER, joined) == {"to": "none"}
+
+
+@pytest.mark.parametrize("name", ["get_landlord", "get_zip_code", "mcp__github__search_code", "execute_payment"])
+def test_arguments_that_make_only_part_of_an_identifier_leave_the_result_evidence(name: str) -> None:
+    """A lookup by the bank's code or the country lists an IBAN it did not get: the tool's, also when the tool's
+    name merely holds a code word."""
+    for arguments in ({"country": "GB", "bank": "BUKB"}, {"query": "GB33 BUKB landlord"}, {"n": 20, "page": 1}):
+        listed = TurnMessage("tool", "Landlord: GB33BUKB20201555555555", name, "c1", arguments=arguments)
+        assert source({"to": "GB33BUKB20201555555555"}, USER, listed) == {"to": "tool_result"}
 
 
 def test_a_number_repeats_its_calls_argument_only_under_the_same_name() -> None:
