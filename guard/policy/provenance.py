@@ -239,12 +239,12 @@ _EMBEDDED = re.compile(
 
 # The ideographic full stops, which IDNA reads as a host name's dot (NFKC maps the full-width one to ".").
 _HOST_DOTS = str.maketrans("\u3002\uff61", "..")
-# Brackets and quotation marks past ASCII (categories Ps, Pe, Pi, Pf: 「」《》“”«») and the ideographic comma, which
-# end an address in running text as the ASCII delimiters do.
+# Brackets and quotation marks past ASCII (categories Ps, Pe, Pi, Pf: 「」《》“”«»), the ideographic comma and the en
+# and em dashes, which end an address in running text as the ASCII delimiters do (Markdown's * ` | ~ among them).
 _MARKS = "".join(
     c for c in map(chr, range(0x80, 0x10000)) if unicodedata.category(c) in ("Ps", "Pe", "Pi", "Pf")
 ) + "\u3001\uff64"
-_DELIMITERS = re.escape("<>()[]{}\"',;:!?") + re.escape(_MARKS)
+_DELIMITERS = re.escape("<>()[]{}\"',;:!?*`|~/") + re.escape(_MARKS + "\u2013\u2014")
 # What may stand next to an address, host name or URL without continuing it: white space, a delimiter, the text's end.
 _EDGE = re.compile(rf"[\s{_DELIMITERS}]")
 # A continuation after one: past sentence-ending dots a character that is no delimiter, or delimiters followed by a
@@ -518,9 +518,9 @@ def _as_host(text: str) -> str:
 def _runs_on(text: str, start: int, end: int) -> bool:
     """Whether the address, host name or URL at ``text[start:end]`` runs on into a character next to it that a host
     name may hold (``example.com`` and a Tibetan tsheg, a middle dot, a combining mark: another host to IDNA): one
-    that is not white space, an ASCII delimiter or a bracket or quotation mark, before it (but for a URL, whose
-    scheme ends the host) or after it (past sentence-ending dots; delimiters followed by a dot and a label continue
-    the host)."""
+    that is not white space, an ASCII delimiter (Markdown's ``*`` ``|`` among them), a dash or a bracket or quotation
+    mark, before it (but for a URL, whose scheme ends the host) or after it (past sentence-ending dots; delimiters
+    followed by a dot and a label continue the host)."""
     before = text[start - 1] if start else " "
     if not text[start:end].lower().startswith(("http", "www.")) and not _EDGE.match(before):
         return True

@@ -227,6 +227,21 @@ def test_an_address_running_on_into_a_host_name_character_inside_composed_text_i
         assert source({"to": written}, user) == {"to": "user"}, written
 
 
+@pytest.mark.parametrize("mark", ["*", "**", "`", "~", "~~", "|", "\u2013", "\u2014"])
+def test_markdown_and_dashes_around_an_address_in_composed_text_end_it(mark: str) -> None:
+    """Markdown's emphasis, code, strike-through and table marks and a dash next to an address counted as running on
+    into another host, so a body the model composed around the user's address was none (review finding): they end
+    it, as a bracket does; the same marks followed by a dot and a label, or another host name, still run on."""
+    user = TurnMessage("user", "Email the report to bob@example.com and post it to https://example.com/upload")
+    for written in (f"Invoice questions go to {mark}bob@example.com{mark} from now on.",
+                    f"| contact |\n|---|\n{mark}bob@example.com{mark}thanks", "write to bob@example.com/finance",
+                    f"post it to example.com{mark} please"):  # fmt: skip
+        assert source({"body": written}, user) == {"body": "user"}, written
+    for written in (f"cc bob@example.com{mark}.evil.io today", f"cc bob@example.com{mark}x.evil.io today",
+                    f"post to example.com{mark}.evil.io/upload", "cc bob@example.com/.evil.io today"):  # fmt: skip
+        assert source({"body": written}, user) == {"body": "none"}, written
+
+
 def test_identifier_keys_and_an_identifier_split_into_pieces_are_traced() -> None:
     """``{"DE89...": 900}`` and ``["DE", "89", ...]`` carried no evidence, so an injected IBAN passed as the user's."""
     iban = "US133000000121212121212"
