@@ -166,18 +166,24 @@ def _interpolation(resample: Any) -> tuple[str, bool]:
 
 def _decoded(item: Any, image: Any, where: str) -> Any:
     """``image`` (``item`` opened by :func:`open_image`) decoded, as RGB, as the reference converts it: an image from
-    bytes first to RGB (its ``load_image``: alpha dropped, a palette's transparent colour kept as an RGB colour key),
-    then, as its image processor converts any image (``do_convert_rgb``: transformers' ``convert_to_rgb``), one
-    with transparency (an alpha band or a colour key) composited onto white, so a PIL image given to the Python API
-    keeps its alpha up to there."""
-    from PIL import Image
+    bytes first turned as its EXIF orientation says, then to RGB (its ``load_image``: ``ImageOps.exif_transpose``,
+    then alpha dropped, a palette's transparent colour kept as an RGB colour key), then, as its image processor
+    converts any image (``do_convert_rgb``: transformers' ``convert_to_rgb``), one with transparency (an alpha band
+    or a colour key) composited onto white, so a PIL image given to the Python API keeps its alpha up to there. A
+    quarter turn keeps the token count read from the header (``smart_resize`` is symmetric in height and width).
+
+    Raises:
+        RequestValidationError: pixels or EXIF data that do not decode (field ``where``).
+    """
+    from PIL import Image, ImageOps
 
     try:
         image.load()
+        if not isinstance(item, Image.Image):
+            ImageOps.exif_transpose(image, in_place=True)
+            image = image.convert("RGB")
     except Exception as exc:  # a decoder of client bytes may raise any type (SyntaxError, EOFError, ...)
         raise RequestValidationError([FieldError(where, f"is not a decodable image ({exc})")]) from exc
-    if not isinstance(item, Image.Image):
-        image = image.convert("RGB")
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         white = Image.new("RGBA", image.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")

@@ -172,6 +172,35 @@ def test_a_transparent_pil_image_is_composited_onto_white_as_the_reference_proce
     assert torch.allclose(sent.tensors["pixel_values"], want, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("save_as", ["JPEG", "PNG", "WEBP"])
+def test_an_image_sent_as_bytes_is_turned_as_its_exif_orientation_says(
+    golden_processor: ClefProcessor, save_as: str
+) -> None:
+    """A phone photo stored landscape with EXIF orientation 6 (turn a quarter clockwise) was read as stored, on its
+    side: the reference's ``load_image`` turns it first (``ImageOps.exif_transpose``; review finding). Its pixels and
+    grid are the reference's, and its token count, read from the header before the turn, is unchanged. EXIF that
+    does not decode is refused, as ``load_image`` fails on it."""
+    from transformers.image_utils import load_image
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    out = io.BytesIO()
+    _photo(320, 256).save(out, format=save_as, exif=exif.tobytes(), **({"lossless": True} if save_as == "WEBP" else {}))
+    sent = base64.b64encode(out.getvalue()).decode()
+    loaded = load_image(sent)
+    assert loaded.size == (256, 320)
+    assert decode_image(sent).tobytes() == loaded.tobytes()
+    media = golden_processor.encode_media([sent], [], token_offset=0, media_kwargs=None)
+    reference = golden_processor.image_processor(images=[loaded], return_tensors="pt")
+    assert media.tensors["image_grid_thw"].tolist() == reference["image_grid_thw"].tolist() == [[1, 20, 16]]
+    assert torch.allclose(media.tensors["pixel_values"], reference["pixel_values"], rtol=0, atol=1e-6)  # no resize
+    assert golden_processor.image_pads([sent]) == [80]
+    out = io.BytesIO()
+    _photo(40, 30).save(out, format="PNG", exif=b"not EXIF data")
+    with pytest.raises(RequestValidationError, match="is not a decodable image"):
+        decode_image(base64.b64encode(out.getvalue()).decode())
+
+
 def _png(size: tuple[int, int], colour: str = "red") -> bytes:
     out = io.BytesIO()
     Image.new("RGB", size, colour).save(out, format="PNG")
