@@ -20,6 +20,7 @@ import base64
 import importlib.util
 import io
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -145,6 +146,15 @@ def decode_image(item: Any, *, where: str = "images[0]") -> Any:
 # PIL resampling filters (``PIL.Image.Resampling`` values) to torch's interpolation mode and antialias flag, as
 # torchvision's ``resize`` maps them for a tensor (``pil_torch_interpolation_mapping``): NEAREST is NEAREST_EXACT
 _INTERPOLATIONS = {0: ("nearest-exact", False), 2: ("bilinear", True), 3: ("bicubic", True)}
+
+
+#: ``media_kwargs`` the checkpoint's vision tower fixes: a request may only repeat the image processor's value.
+_FIXED_MEDIA_KWARGS = ("patch_size", "temporal_patch_size", "merge_size")
+
+
+def _is_number(value: Any, kind: type | tuple[type, ...] = (int, float)) -> bool:
+    """Whether ``value`` is a finite number of ``kind`` (never a bool)."""
+    return isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _interpolation(resample: Any) -> tuple[str, bool]:
@@ -343,42 +353,88 @@ class ClefProcessor:
             return [enc.ids for enc in self._backend.encode_batch(list(texts), add_special_tokens=False)]
         return [list(self.tokenizer(text, add_special_tokens=False).input_ids) for text in texts]
 
-    def _image_pads(self, opened: Sequence[Any], kwargs: Mapping[str, Any]) -> list[int]:
-        """The ``<|image_pad|>`` tokens each opened image takes at the size the image processor resizes it to."""
-        merge = int(self.image_processor.merge_size) ** 2
-        return [self.image_processor.get_number_of_image_patches(image.height, image.width, dict(kwargs)) // merge
-                for image in opened]
+    def _media_settings(self, media_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The image processor's settings with ``media_kwargs`` over them, merged as the processor merges them
+        (``size``, then ``min_pixels`` and ``max_pixels`` over its ``size``): what the images' token counts and pixels
+        are computed with.
 
-    def _image_pixels(self, image: Any, kwargs: Mapping[str, Any]) -> tuple[torch.Tensor, list[int]]:
+        Raises:
+            RequestValidationError: naming ``media_kwargs.<key>``: a ``patch_size``, ``temporal_patch_size`` or
+                ``merge_size`` other than the processor's (the checkpoint's vision tower is built for those),
+                ``do_resize`` false (every image is resized to the patch grid its tokens are counted for), a ``size``
+                (with ``min_pixels`` and ``max_pixels``) that gives no whole pixel counts ``shortest_edge`` >= 0 and
+                ``longest_edge`` >= 1, an ``image_mean`` or ``image_std`` that is neither a number nor one per
+                channel (3), or a value the processor's merge refuses (``media_kwargs``).
+        """
+        processor = self.image_processor
+        errors = [
+            FieldError(f"media_kwargs.{key}", f"is fixed by the checkpoint's vision tower to {getattr(processor, key)}")
+            for key in _FIXED_MEDIA_KWARGS
+            if key in media_kwargs and media_kwargs[key] != getattr(processor, key)
+        ]
+        if errors:
+            raise RequestValidationError(errors)
+        try:
+            settings = processor._merge_and_standardize_kwargs(**media_kwargs)
+        except (TypeError, ValueError) as exc:
+            error = FieldError("media_kwargs", f"is refused by the image processor ({exc})")
+            raise RequestValidationError([error]) from exc
+        if not settings["do_resize"]:
+            errors.append(FieldError("media_kwargs.do_resize", "must be true: every image is resized to the patch grid "
+                                     "its tokens are counted for"))  # fmt: skip
+        bounds = (settings["size"].shortest_edge, settings["size"].longest_edge)
+        if not all(_is_number(bound, int) and bound >= least for bound, least in zip(bounds, (0, 1), strict=True)):
+            errors.append(FieldError("media_kwargs.size", "must give shortest_edge >= 0 and longest_edge >= 1 pixels "
+                                     "(min_pixels and max_pixels set them)"))  # fmt: skip
+        for key in ("image_mean", "image_std"):
+            value = settings[key]
+            channels = isinstance(value, list | tuple) and len(value) == 3 and all(map(_is_number, value))
+            if not (_is_number(value) or channels):
+                errors.append(FieldError(f"media_kwargs.{key}", "must be a number or 3 numbers, one per channel"))
+        if errors:
+            raise RequestValidationError(errors)
+        return settings
+
+    def _resized(self, height: int, width: int, settings: Mapping[str, Any]) -> tuple[int, int]:
+        """The ``(height, width)`` the image processor resizes an image of ``height`` x ``width`` pixels to with
+        ``settings`` (:meth:`_media_settings`): ``smart_resize`` to multiples of ``patch_size * merge_size`` within
+        ``size``'s pixel counts, as its ``get_number_of_image_patches`` and its resize compute it."""
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        return smart_resize(
+            height, width, factor=settings["patch_size"] * settings["merge_size"],
+            min_pixels=settings["size"].shortest_edge, max_pixels=settings["size"].longest_edge,
+        )  # fmt: skip
+
+    def _image_pads(self, opened: Sequence[Any], settings: Mapping[str, Any]) -> list[int]:
+        """The ``<|image_pad|>`` tokens each opened image takes at the size the image processor resizes it to
+        (``settings``: :meth:`_media_settings`)."""
+        unit = (settings["patch_size"] * settings["merge_size"]) ** 2
+        sizes = [self._resized(image.height, image.width, settings) for image in opened]
+        return [height * width // unit for height, width in sizes]
+
+    def _image_pixels(self, image: Any, settings: Mapping[str, Any]) -> tuple[torch.Tensor, list[int]]:
         """``pixel_values`` rows ``[grid_h x grid_w, patch width]`` and the ``[t, grid_h, grid_w]`` grid of one decoded
         RGB PIL image, as the reference's image processor (``Qwen2VLImageProcessor``, the torchvision backend)
         computes them on CPU, whether or not torchvision is installed: the uint8 image resized to ``smart_resize``'s
         size by torch's antialiased interpolation on uint8 (what torchvision's ``resize`` runs on CPU; PIL's bicubic,
         which the PIL backend uses, differs by up to 2/255), rescaled and normalised in float32 in one step
         (``(x - mean / rescale) / (std / rescale)``, as its fused ``rescale_and_normalize``), then cut into patches,
-        each repeated ``temporal_patch_size`` times. ``kwargs`` (``media_kwargs``) override the processor's settings
-        of those names, ``size`` and then ``min_pixels`` and ``max_pixels`` its ``size``, as for
-        ``get_number_of_image_patches`` (the image processor's own merge of them).
+        each repeated ``temporal_patch_size`` times. ``settings``: the processor's with ``media_kwargs`` over them
+        (:meth:`_media_settings`).
 
         Raises:
             RequestValidationError: a ``resample`` other than ``NEAREST``, ``BILINEAR`` and ``BICUBIC`` (field
                 ``media_kwargs.resample``).
         """
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-
-        settings = self.image_processor._merge_and_standardize_kwargs(**kwargs)
         patch, merge, temporal = settings["patch_size"], settings["merge_size"], settings["temporal_patch_size"]
         pixels = torch.from_numpy(np.array(image)).permute(2, 0, 1)[None]  # uint8 [1, 3, H, W]
         height, width = pixels.shape[-2:]
-        if settings["do_resize"]:
+        size = self._resized(height, width, settings)
+        if size != (height, width):
             mode, antialias = _interpolation(settings["resample"])
-            size = smart_resize(
-                height, width, factor=patch * merge,
-                min_pixels=settings["size"].shortest_edge, max_pixels=settings["size"].longest_edge,
-            )
-            if size != (height, width):
-                pixels = torch.nn.functional.interpolate(pixels, size=size, mode=mode, antialias=antialias)
-                height, width = size
+            pixels = torch.nn.functional.interpolate(pixels, size=size, mode=mode, antialias=antialias)
+            height, width = size
         values = pixels[0].to(torch.float32)  # [3, H, W]
         if settings["do_normalize"]:
             scale = 1.0 / settings["rescale_factor"] if settings["do_rescale"] else 1.0
@@ -407,12 +463,13 @@ class ClefProcessor:
         on a text-only checkpoint (which refuses images).
 
         Raises:
-            RequestValidationError: as :func:`open_image`, naming ``images[i]``.
+            RequestValidationError: as :func:`open_image`, naming ``images[i]``; ``media_kwargs`` the pixels cannot
+                follow (:meth:`_media_settings`).
         """
         if not images or self.image_processor is None:
             return []
         opened = [open_image(item, where=f"images[{i}]") for i, item in enumerate(images)]
-        return self._image_pads(opened, media_kwargs or {})
+        return self._image_pads(opened, self._media_settings(media_kwargs or {}))
 
     def image_tensor_bytes(self, pads: Sequence[int]) -> int:
         """Bytes the tensors of images taking ``pads`` tokens each (:meth:`image_pads`) hold once encoded by
@@ -478,7 +535,8 @@ class ClefProcessor:
         Raises:
             RequestValidationError: undecodable images, images whose block would take more than ``max_tokens``
                 (field ``images``), media on a text-only checkpoint, videos without torchvision (the message names
-                the fix), or a ``resample`` in ``media_kwargs`` torch cannot resize with (``media_kwargs.resample``).
+                the fix), a ``resample`` in ``media_kwargs`` torch cannot resize with (``media_kwargs.resample``), or
+                ``media_kwargs`` the pixels cannot follow (:meth:`_media_settings`).
         """
         if images and self.image_processor is None:
             raise RequestValidationError(
@@ -488,7 +546,8 @@ class ClefProcessor:
         text = IMAGE_PLACEHOLDER * len(opened) + VIDEO_PLACEHOLDER * len(videos) + "\n"
         kwargs = dict(media_kwargs or {})
         merge = int(self.image_processor.merge_size) ** 2 if opened else 1
-        pads = self._image_pads(opened, kwargs) if opened else []
+        settings = self._media_settings(kwargs) if opened else {}
+        pads = self._image_pads(opened, settings) if opened else []
         if max_tokens is not None and not videos:
             self.check_image_room(pads, max_tokens)
         if self.full_processor is not None and videos:  # pragma: no cover - torchvision is absent in CI
@@ -506,7 +565,7 @@ class ClefProcessor:
         pixel_values = torch.empty((sum(pads) * merge, self._patch_width()), dtype=torch.float32)
         grids, row = [], 0
         for i, image in enumerate(opened):
-            rows, image_grid = self._image_pixels(_decoded(images[i], image, f"images[{i}]"), kwargs)
+            rows, image_grid = self._image_pixels(_decoded(images[i], image, f"images[{i}]"), settings)
             pixel_values[row:row + pads[i] * merge] = rows
             row += pads[i] * merge
             grids.append(image_grid)

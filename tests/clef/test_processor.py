@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import io
+from functools import partial
 
 import numpy as np
 import pytest
@@ -131,6 +132,36 @@ def test_media_kwargs_size_and_resample_resize_as_the_reference_processor(golden
     with pytest.raises(RequestValidationError, match="media_kwargs.resample") as info:
         golden_processor.encode_media([image], [], token_offset=0, media_kwargs={"resample": Image.Resampling.LANCZOS})
     assert "NEAREST, BILINEAR or BICUBIC" in str(info.value)
+
+
+@pytest.mark.parametrize(("media_kwargs", "field"), [
+    ({"patch_size": 14}, "media_kwargs.patch_size"),
+    ({"temporal_patch_size": 1}, "media_kwargs.temporal_patch_size"),
+    ({"merge_size": 1}, "media_kwargs.merge_size"),
+    ({"do_resize": False}, "media_kwargs.do_resize"),
+    ({"size": {"height": 64, "width": 64}}, "media_kwargs.size"),
+    ({"size": {"shortest_edge": 1024}}, "media_kwargs.size"),
+    ({"image_mean": [0.5, 0.5]}, "media_kwargs.image_mean"),
+    ({"image_std": "wide"}, "media_kwargs.image_std"),
+    ({"size": "large"}, "media_kwargs"),
+])  # fmt: skip
+def test_media_kwargs_the_pixels_cannot_follow_are_refused_naming_the_key(
+    golden_processor: ClefProcessor, media_kwargs: dict, field: str
+) -> None:
+    """The pixel tensor was laid out with the processor's patch size while the pixels were cut with the request's,
+    and a mean of two channels or an unresized image of sides that are no multiple of the patch grid met the
+    three-channel image: each was a RuntimeError or TypeError out of ``encode_record`` (review finding). The vision
+    tower fixes the patch sizes, and each such value is refused naming its key, before any image is decoded; the
+    processor's own values and a single mean are taken."""
+    image = "data:image/png;base64," + base64.b64encode(_png((64, 48))).decode()
+    for count in (golden_processor.image_pads, partial(golden_processor.encode_media, videos=[], token_offset=0)):
+        with pytest.raises(RequestValidationError) as info:
+            count([image], media_kwargs=media_kwargs)
+        assert [error.field for error in info.value.errors] == [field]
+    same = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "image_mean": 0.5}
+    media = golden_processor.encode_media([image], [], token_offset=0, media_kwargs=same)
+    plain = golden_processor.encode_media([image], [], token_offset=0, media_kwargs=None)
+    assert torch.equal(media.tensors["pixel_values"], plain.tensors["pixel_values"])
 
 
 def _transparent(mode: str) -> Image.Image:
