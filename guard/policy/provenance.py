@@ -55,7 +55,8 @@ part of a longer address, host name or number (:func:`_marks`)):
 
 * text: Unicode NFKC (full-width letters and digits, ligatures), invisible (Default_Ignorable) characters removed,
   lower case as IDNA maps a host name (``ß`` is not ``ss``, nor final ``ς`` ``σ``: other domains), runs of white
-  space as one space, YAML's doubled quote ``''`` as one. A source vouches for a value only as written there:
+  space as one space, YAML's doubled quote ``''`` as one, a host name label in ACE form in its Unicode form
+  (``info@xn--bcher-kva.de`` is ``info@bücher.de``). A source vouches for a value only as written there:
   look-alike letters count, so ``bob@exаmple.com`` with a Cyrillic ``а`` (another domain) is not the user's, nor
   trusted, nor a tool result's, when those hold ``bob@example.com``; a tool result or an ``agent`` message also
   vouches for a value with no look-alike letters that it holds as guard's normaliser reads it (HTML entities or
@@ -267,9 +268,34 @@ def _tokens(run: str) -> list[str]:
 def _fold(text: str) -> str:
     """``text`` NFKC-normalised (full-width letters and digits, ligatures, ``№``), invisible (Default_Ignorable)
     characters removed, lower-cased as IDNA maps a host name (``ß`` and final ``ς`` stay letters of their own, ``Σ`` is
-    ``σ``), YAML ``''`` and escaped line breaks undone, white space collapsed; look-alike letters stay as they are."""
+    ``σ``), YAML ``''`` and escaped line breaks undone, white space collapsed, host name labels in ACE form in their
+    Unicode form (:func:`_unicode_labels`); look-alike letters stay as they are."""
     text = remove_ignorable(unicodedata.normalize("NFKC", text)).replace("\u03a3", "\u03c3").lower()
-    return _SPACE.sub(" ", text.replace("''", "'").replace("\\n", " ")).strip()
+    return _SPACE.sub(" ", _unicode_labels(text.replace("''", "'").replace("\\n", " "))).strip()
+
+
+# A host name's ACE label, the ASCII form IDNA gives a label past ASCII (xn--bcher-kva: bücher), 63 characters at most.
+_ACE_LABEL = re.compile(r"(?<![\w-])xn--([a-z0-9-]{1,59})(?![\w-])")
+
+
+def _unicode_label(match: re.Match[str]) -> str:
+    """The label of an :data:`_ACE_LABEL` match in its Unicode form, when that is one a host name may hold as
+    :func:`_fold` leaves it (letters, digits, marks and hyphens, some past ASCII: no dot-like character that would
+    join it to the next label); else the match as it is."""
+    try:
+        label = match.group(1).encode("ascii").decode("punycode")
+    except UnicodeError:
+        return match.group()
+    allowed = all(c.isalnum() or c == "-" or unicodedata.category(c).startswith("M") for c in label)
+    if allowed and not label.isascii() and unicodedata.normalize("NFKC", label).lower() == label:
+        return label
+    return match.group()
+
+
+def _unicode_labels(text: str) -> str:
+    """``text`` (lower case) with each host name label in ACE form (``info@xn--bcher-kva.de``) in its Unicode form
+    (``info@bücher.de``), as IDNA's ToUnicode reads it, so the two forms of one host compare equal."""
+    return _ACE_LABEL.sub(_unicode_label, text) if "xn--" in text else text
 
 
 def _url_form(folded: str) -> str:

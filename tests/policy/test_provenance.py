@@ -242,6 +242,20 @@ def test_markdown_and_dashes_around_an_address_in_composed_text_end_it(mark: str
         assert source({"body": written}, user) == {"body": "none"}, written
 
 
+def test_a_host_in_ace_form_is_the_same_host_in_unicode_form() -> None:
+    """``info@bücher.de`` and ``info@xn--bcher-kva.de`` are one address (IDNA's ToUnicode and ToASCII of one host
+    name), but neither was found where the other was written (review finding). An ACE label is read in its Unicode
+    form on both sides; one whose Unicode form holds a dot-like character (``docs。example``, which would join two
+    labels) stays as written."""
+    user = TurnMessage("user", "Mail info@bücher.de and post the notes to https://docs.example.com/notes")
+    assert source({"to": "info@xn--bcher-kva.de", "cc": "INFO@XN--BCHER-KVA.DE"}, user) == {"to": "user", "cc": "user"}
+    assert source({"body": "Invoices go to **info@xn--bcher-kva.de** from today."}, user) == {"body": "user"}
+    ace = TurnMessage("user", "Mail info@xn--bcher-kva.de")
+    assert source({"to": "info@bücher.de"}, ace) == {"to": "user"}
+    assert source({"url": "https://xn--docsexample-7e3j.com/notes"}, user) == {"url": "none"}
+    assert source({"to": "info@xn--mnchen-3ya.de"}, user) == {"to": "none"}
+
+
 def test_identifier_keys_and_an_identifier_split_into_pieces_are_traced() -> None:
     """``{"DE89...": 900}`` and ``["DE", "89", ...]`` carried no evidence, so an injected IBAN passed as the user's."""
     iban = "US133000000121212121212"
