@@ -225,8 +225,11 @@ _CHAINED = (r"(?=[/bcilnpsuwz])(?:/usr)?(?:/s?bin/)?(?:cat|id|whoami|uname|ls|pi
             r"|curl|wget)")
 #: A chained command's arguments to the end of its command line: options, paths, URLs and numbers only, after blanks,
 #: ``<`` or the shell's ``$IFS`` (``-la /var/www``, ``-I https://e.example/``, ``</etc/passwd``; a line that goes on in
-#: words, "ls -la /var/www shows ...", is prose).
-_ARGUMENTS = (r"(?:(?:[ \t]+|[ \t]*<[ \t]*|\$\{IFS\}|\$IFS\b)(?:-\S+|/\S*|~\S*|[a-z]+://\S*|\d\S*))+"
+#: words, "ls -la /var/www shows ...", is prose). An argument runs to the next blank, ``;`` or ``<`` and is never
+#: given back (atomic, the loop possessive): an ``$IFS`` inside it stays part of it, so a line that fails is tried
+#: once, not in every way of splitting it (2^n ways for n ``${IFS}``).
+_ARGUMENTS = (r"(?:(?:[ \t]+|[ \t]*<[ \t]*|\$\{IFS\}|\$IFS\b)(?>-[^\s;<]+|/[^\s;<]*|~[^\s;<]*|[a-z]+://[^\s;<]*"
+              r"|\d[^\s;<]*))++"
               r"[ \t\r]*(?:$|;|<)")
 #: id, whoami or uname with options, then the line's end, a separator, a redirection or a comment.
 _IDENTITY = r"(?:id|whoami|uname)(?:[ \t]+-\w+)*[ \t\r]*(?:$|[;#<>|&]|\d[<>])"

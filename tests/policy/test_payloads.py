@@ -720,3 +720,36 @@ def test_the_start_tag_pattern_finds_what_one_alternation_per_character_finds() 
     for _ in range(3000):
         text = "".join(rng.choice("<aB>\"' =x\n") for _ in range(rng.randint(1, 40)))
         assert [m.span() for m in _TAG_RE.finditer(text)] == [m.span() for m in plain.finditer(text)], text
+
+
+#: (before, piece, after): a piece of an attack's shape repeated, then a tail that makes the line fail, where a
+#: pattern with a repeated group whose parts can read the same text in two ways tries 2^k ways to split the pieces.
+PATHOLOGICAL_SHAPES = [
+    ("x\ncat /a", "${IFS}/a", " x"), ("x\nls -a", "$IFS-a", " x"), ("x; cat /etc/passwd", "${IFS}/a", " x"),
+    ("x && curl -o /tmp/x", "<a", " x"), ("x\nping -c 1", " -a", " x"), ("x\n8.8.8.8", " -c 1", "\nid x"),
+    ("x | sudo", " -u root", " x"), ("x; id", " -a", " x"), ("1 union", " /**/", " x"), ("select", " (1),", " x"),
+    ("<a", " b='c'", ' "'), ("[x](", " <", "javascript x"), ("../", "./", "x"), ("x=", "..../", "x"), ("${", "${", "x"),
+]  # fmt: skip
+
+
+def test_the_detectors_take_linear_time_on_repeated_pieces_of_attack_shapes() -> None:
+    """Each detector reads each shape with its piece repeated 40 times: linear patterns take milliseconds, one that
+    backtracks over every way of splitting the pieces takes days; run in a child process killed after 60 s (a bound
+    that a loaded machine cannot reach by accident, and that a regular expression, which holds the GIL and ignores
+    signals, cannot overrun)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom guard.policy.payloads import code_exec, path_traversal, sqli, xss\n"
+        f"for before, piece, after in {PATHOLOGICAL_SHAPES!r}:\n"
+        "    text = before + piece * 40 + after\n"
+        "    for check in (sqli, xss, code_exec, path_traversal):\n"
+        "        check(text)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    try:
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a detector did not read the repeated shapes in 60 s: a pattern backtracks exponentially")
