@@ -764,13 +764,14 @@ def _lookup_value(match: re.Match[str]) -> str:
 def _chained_onto_anything(text: str) -> bool:
     """Whether a command is chained by ;, &&, || or & after a blank onto whatever precedes it (:data:`_CHAINED_RE`,
     ``8.8.8.8 -c 1; id``, ``Bob Smith; cat /etc/passwd``): id, whoami or uname (with options: ``uname -a``) onto a
-    value that does not end in a word of letters (``1&&whoami>/tmp/x``; not "Steps: log in; id", "It prints the name
-    & id") or by its path (``Bob Smith && /usr/bin/id``), or a read of /etc/passwd or a download into /tmp that ends
+    value that does not end in a word of letters (``1&&whoami``; not "Steps: log in; id", "It prints the name
+    & id"), with a redirection after it (``localhost&&whoami>/tmp/x``, ``localhost || whoami 2>&1``) or by its path
+    (``Bob Smith && /usr/bin/id``), or a read of /etc/passwd or a download into /tmp that ends
     its line. Not a transcript's "uname -a; cat /etc/os-release", nor after a lone | (a table row's "first name |
     id"). One search of the text; what precedes a separator is read only where a command follows it."""
     for match in _CHAINED_RE.finditer(text):
         before = text[max(0, match.start() - 64) : match.start()].rstrip(" \t")
-        if not match["identity"] or match["path"] or not before[-1:].isalpha():
+        if not match["identity"] or match["path"] or not before[-1:].isalpha() or match.group()[-1] in "<>":
             return True
     return False
 

@@ -450,10 +450,12 @@ def test_a_command_after_a_sentence_that_neither_ends_it_nor_reads_a_secret_is_n
     "x || id", "127.0.0.1 || cat /etc/passwd", "8.8.8.8 -c 1 || id", "8.8.8.8 -c 1; uname -a", "8.8.8.8 -c 1; id -u",
     "8.8.8.8 -c 1&&whoami>/tmp/x", "8.8.8.8 -c 1; whoami 2>&1", "a b; cat</etc/passwd", "127.0.0.1;cat${IFS}/etc/passwd",
     "8.8.8.8 -c 1\nwhoami", "127.0.0.1\n\nwhoami",
+    "localhost&&whoami>/tmp/x", "x;id>/tmp/o", "localhost || whoami 2>&1", "x && whoami 2>/dev/null",
 ])  # fmt: skip
 def test_a_command_after_or_with_options_a_redirection_or_ifs_or_after_a_value_with_options_is_code(text: str) -> None:
-    """``||`` with blanks around it, an option or a redirection after id, whoami or uname, ``<`` or ``${IFS}`` before
-    cat's path, a value with options (``8.8.8.8 -c 1``) or blank lines before a command on a line of its own."""
+    """``||`` with blanks around it, an option or a redirection after id, whoami or uname (a redirection also after a
+    value that ends in a word: ``localhost&&whoami>/tmp/x``), ``<`` or ``${IFS}`` before cat's path, a value with
+    options (``8.8.8.8 -c 1``) or blank lines before a command on a line of its own."""
     assert code_exec(text)
 
 
