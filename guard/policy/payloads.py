@@ -141,11 +141,12 @@ _SQL_COMMENT = r"/\*[^*]*\*+(?:[^/*][^*]*\*+)*/"
 #: ``IN (``; not after a word of prose: "Tickets (select a seat from the map)"), or ``UNION`` (``ALL``, ``DISTINCT``;
 #: then a SELECT is code whatever it selects, unless bare words: ``UNION SELECT 1,2,3``, a probe for the host query's
 #: number of columns), also with a ``(`` after it (``UNION(SELECT 1,2,3)``, ``bracket``: a SELECT of bare words after
-#: it is English, "Join the union (select a plan from the list)") or a ``--`` comment ending its line (``UNION --
+#: it is English, "Join the union (select a plan from the list)", unless ``sqlish``: a quote, digit, ``)``, ``-`` or
+#: ``/`` comes before UNION, ``1' UNION(SELECT password FROM users)``) or a ``--`` comment ending its line (``UNION --
 #: x\nSELECT``); comments may stand between them.
 _SQL_CONTEXT_RE = re.compile(
     r"(?:['\"`;)=|/\d]|(?:[=,|'\"(<>+*-]|\b(?:and|or|not|in|exists|from|where|select|values|when|then|having|on))\s*\("
-    rf"|\b(?P<union>union)(?:(?:\s|{_SQL_COMMENT})+(?:all|distinct))?(?:(?:\s|{_SQL_COMMENT})*(?P<bracket>\())?"
+    rf"|(?P<sqlish>[-'\"`\d)/]\s*)?\b(?P<union>union)(?:(?:\s|{_SQL_COMMENT})+(?:all|distinct))?(?:(?:\s|{_SQL_COMMENT})*(?P<bracket>\())?"
     rf"(?:(?:\s|{_SQL_COMMENT})*--.*)?)(?:\s|{_SQL_COMMENT})*$",
     re.IGNORECASE,
 )
@@ -461,7 +462,8 @@ def _parses_as_code(scan: _Scan, offset: int, context: re.Match[str] | None) -> 
     TABLE``, ``DELETE``), it is its keyword alone (``DROP``), or, after text that reads as SQL, it parsed without
     being code (``' UNION SELECT password``, ``'; UPDATE users``). ``context``: what comes right before it,
     where that reads as SQL (:data:`_SQL_CONTEXT_RE`); without it or after ``UNION (`` a SELECT or INSERT of bare
-    words is English (:func:`_is_words`), after ``UNION`` any other SELECT is code; and whether it read as prose, that English or
+    words is English (:func:`_is_words`), after ``UNION`` any other SELECT is code, and after a ``UNION`` with SQL
+    before it (``1' UNION(SELECT password FROM users)``) any SELECT; and whether it read as prose, that English or
     words the grammar refuses (such a parse, charged as far as it read, does not count toward
     :data:`MAX_SQL_STARTS`)."""
     tokens = scan.statement(offset)
@@ -490,9 +492,11 @@ def _parses_as_code(scan: _Scan, offset: int, context: re.Match[str] | None) -> 
     if commands:  # kept as an unparsed command ("create a branch and ...", decided by its first words): not code,
         return False, 0 if len(part) <= _SQL_HEAD_TOKENS else read, open_end and len(tokens) == 1, False  # no expression
     words = _is_words(tokens, statements)
-    if words and (context is None or context["bracket"]):
+    sql_union = context is not None and context["sqlish"] is not None  # "1' UNION(SELECT password FROM users)"
+    if words and not sql_union and (context is None or context["bracket"]):
         return False, read, False, True
-    if context is not None and context["union"] and not words:  # "UNION SELECT 1,2,3", not "union select in mysql"
+    # "UNION SELECT 1,2,3", not "union select in mysql"
+    if context is not None and context["union"] and (not words or sql_union):
         code = all(isinstance(statement, exp.Select) for statement in statements)
     else:
         code = any(_statement_is_code(statement) for statement in statements)

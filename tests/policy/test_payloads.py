@@ -581,12 +581,15 @@ def test_sqli_reads_comments_as_sql_does(text: str) -> None:
 @pytest.mark.parametrize("text", [
     "1' UNION(SELECT 1,2,3)-- -", "1' UNION ALL(SELECT 1,2)-- -", "1' UNION/**/(SELECT 1,2)-- -",
     "1'/***/UNION/***/SELECT/***/1,2-- -", "1' UNION -- x\nSELECT 1,2-- -",
+    "1' UNION(SELECT password FROM users)-- -", "1 UNION(SELECT NULL)", "1' UNION (SELECT username FROM users)#",
 ])  # fmt: skip
 def test_a_column_probe_after_union_and_a_bracket_or_a_comment_holding_stars_or_ending_the_line_is_sql(text: str) -> None:
     """A ``(`` after UNION, a comment with ``*`` inside it or a ``--`` comment ending UNION's line hid the UNION
-    before a column probe; a SELECT of bare words after ``UNION (`` is still English."""
+    before a column probe; a SELECT of bare words after ``UNION (`` is English only where no quote, digit or other
+    SQL comes before UNION."""
     assert sqli(text)
     assert not sqli("Join the union (select a plan from the list)")
+    assert not sqli("Union (select members only from the list)")
 
 
 def test_sqli_reads_a_long_line_of_prose_within_its_budget() -> None:
