@@ -305,19 +305,20 @@ _TRAVERSAL_RE = re.compile(_CLIMB)
 #: Where a value starts, a path that climbs out of its folder there reads as an attack (:func:`_climbs_as_a_value`):
 #: the start of a line, an ``=``, a tag's ``>``; only where a ``..`` follows in the next run of path characters.
 _VALUE_START_RE = re.compile(r"(?:^|[=>\r\n])(?=[ \t\"']*[^\s\"'`<>=|,()\[\]{}&?#*]*\.\.)")
-#: The value after such a start: blanks, a quote (``file = "../../app/secret.key"``), blanks, and the path, a run of
+#: The value after such a start: blanks, a quote (``file = "../../../app/secret.key"``), blanks, and the path, a run of
 #: characters other than blanks, quotes, markup, brackets and the characters around a query's or an assignment's
 #: values.
 _VALUE_RE = re.compile(r"[ \t]*(?P<quote>[\"'])?[ \t]*(?P<path>[^\s\"'`<>=|,()\[\]{}&?#*]+)")
 #: A URL attribute's name before a quoted value's ``=``: ``href="../../assets/main.css"`` is a link the browser
 #: resolves among the site's URLs.
 _URL_NAME_RE = re.compile(rf"\b(?:{_URL_ATTRIBUTES})[ \t]*$", re.IGNORECASE)
-#: Folders above its start a path in a quoted value climbs to count (a configuration's ``path = "./a/b/../../../c"``
+#: Folders above its start a path in a quoted value right after its ``=`` climbs to count (``path="./a/b/../../../c"``
 #: climbs one above).
 QUOTED_CLIMB = 2
 #: Folders above its start a path in markup climbs to count, in a tag's content or an attribute's value: build files
 #: reach two folders up (Maven's ``<relativePath>../../pom.xml</relativePath>``, ``<module>``, MSBuild's
-#: ``<Import Project="../../build/common.props" />``).
+#: ``<Import Project="../../build/common.props" />``), and so do a configuration file's quoted values with a blank before
+#: their ``=`` (Terraform's ``source = "../../modules/vpc"``, Cargo's ``path = "../../crates/shared"``).
 MARKUP_CLIMB = 3
 #: Characters a start tag may span before a quoted value inside it (a quoted value farther from its tag's ``<`` is
 #: read as outside markup).
@@ -832,7 +833,7 @@ def _climbs_as_a_value(text: str) -> bool:
     more folders and out of where it starts: it is absolute (``/var/www/../../etc``, ``C:\\app\\..\\..``) or climbs
     above its start (:func:`_climbs_above_start`). The value starts a line (after blanks), right after an unquoted
     ``=`` (``file=../../config``; not a ``.gitmodules`` line's ``url = ../../org/lib.git``), after a tag's ``>``
-    (``<file> ../../../config/db.yml</file>``) or in a quoted value (``file = "../../app/secret.key"``; not a URL
+    (``<file> ../../../config/db.yml</file>``) or in a quoted value (``file = "../../../app/secret.key"``; not a URL
     attribute's, :data:`_URL_NAME_RE`), as many folders above as :func:`_climb_to_count` says, with ``/`` after ``>`` or in a quoted
     value (``..\\..\\`` in XML is an MSBuild hint path or project reference)."""
     for start in _VALUE_START_RE.finditer(text):
@@ -855,13 +856,15 @@ def _climbs_as_a_value(text: str) -> bool:
 
 def _climb_to_count(text: str, start: int, mark: str, quoted: bool) -> int:
     """Folders above its start the path after ``mark`` (at ``start``: ``""`` or a line break, ``=``, ``>``) climbs to
-    count: :data:`MARKUP_CLIMB` in a tag's content or in a quoted value inside a start tag (a ``<`` within
-    :data:`_TAG_REACH` characters before it and no ``>`` after that ``<``), :data:`QUOTED_CLIMB` in another quoted
-    value, else 1."""
+    count: :data:`MARKUP_CLIMB` in a tag's content, in a quoted value inside a start tag (a ``<`` within
+    :data:`_TAG_REACH` characters before it and no ``>`` after that ``<``) or after a blank and ``=`` (``source =
+    "../../modules/vpc"``), :data:`QUOTED_CLIMB` in another quoted value (``file="../../app/secret.key"``), else 1."""
     if mark == ">":
         return MARKUP_CLIMB
     if not (mark == "=" and quoted):
         return 1
+    if text[start - 1 : start] in (" ", "\t"):
+        return MARKUP_CLIMB
     reach = max(0, start - _TAG_REACH)
     return MARKUP_CLIMB if text.rfind("<", reach, start) > text.rfind(">", reach, start) else QUOTED_CLIMB
 

@@ -306,7 +306,7 @@ def test_a_relative_path_that_climbs_above_its_start_or_a_climb_in_a_tag_or_quot
 @pytest.mark.parametrize("text", [
     "images/./../../../../app/config.py", "a/b/c/d/e/../../../../../../app/config.py",
     "file=a/b/c/d/e/../../../../../../app/config.py", "<file> ../../../config/database.yml</file>",
-    'file = "../../app/secret.key"',
+    'file = "../../../app/secret.key"',
 ])  # fmt: skip
 def test_a_climb_counted_by_depth_after_dot_steps_or_a_long_prefix_or_after_blanks_is_traversal(text: str) -> None:
     """A relative prefix was read as one to four folders without ``./`` steps, and a tag's ``>`` or a quoted value's
@@ -327,10 +327,12 @@ def test_a_path_that_stays_inside_its_start_or_a_link_attribute_is_not_traversal
     "<parent>\n  <relativePath>../../pom.xml</relativePath>\n</parent>", "<module>../../modules/api</module>",
     '<ProjectReference Include="../../src/Core/Core.csproj" />', '<Import Project="../../build/common.props" />',
     '<img src="logo.png" data-fallback="../../img/logo.png">',
+    'module "vpc" {\n  source = "../../modules/vpc"\n}', 'shared = { path = "../../crates/shared" }',
 ])  # fmt: skip
 def test_a_build_files_climb_of_two_folders_in_markup_is_not_traversal(text: str) -> None:
-    """Maven's and MSBuild's relative paths reach two folders up in a tag's content or attribute; in markup a climb
-    counts from three folders above its start."""
+    """Maven's and MSBuild's relative paths reach two folders up in a tag's content or attribute, and Terraform's
+    module sources and Cargo's path dependencies in a quoted value after a blank and ``=``; there a climb counts from three
+    folders above its start."""
     assert not path_traversal(text)
     assert path_traversal(text.replace("../../", "../../../"))
 
