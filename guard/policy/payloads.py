@@ -192,13 +192,15 @@ _SCRIPT_SCHEME = rf"(?:{_SCHEME('javascript')}|{_SCHEME('vbscript')})\s*:"
 #: scheme opens the quoted value of an attribute that holds a URL (``href= " javascript: alert(1)"``, ``src``,
 #: ``action``, ``formaction``, ...; not ``title="JavaScript: The Good Parts"``) or a Markdown link target
 #: (``](javascript: alert(1))``, CommonMark's ``](<javascript: alert(1)>)``) or a CommonMark link reference definition
-#: in angle brackets (``[1]: <javascript: alert(1)>`` at the start of a line; not a footnote, "[1]: JavaScript: The
-#: Good Parts"), which browsers run as well (an unquoted
+#: in angle brackets (``[1]: <javascript: alert(1)>`` at the start of a line, also after block quote and list item
+#: markers, ``> [1]: <...>``, ``- [1]: <...>``, the markers read once, never given back; not a footnote, "[1]:
+#: JavaScript: The Good Parts"), which browsers run as well (an unquoted
 #: value ends at the blank; a browser strips control characters before the scheme too); or an HTML
 #: document as a URL.
 _URL_ATTRIBUTES = "href|src|action|formaction|data|poster|background|codebase|cite|ping|to"
 _SCRIPT_URL = (rf"(?<![\w-]){_SCRIPT_SCHEME}[^\s]"
-               rf"|(?:\b(?:{_URL_ATTRIBUTES})\s*=\s*[\"'][\x00-\x20]*|\]\(\s*<?|(?<![^\n])[ ]{{0,3}}\[[^\]\n]+\]:\s*<)"
+               rf"|(?:\b(?:{_URL_ATTRIBUTES})\s*=\s*[\"'][\x00-\x20]*|\]\(\s*<?"
+               r"|(?<![^\n])(?:[ ]{0,3}(?:>|[-*+]|\d{1,9}[.)])[ ]?)*+[ ]{0,3}\[[^\]\n]+\]:\s*<)"
                rf"{_SCRIPT_SCHEME}\s*\S"
                r"|(?<![\w-])data\s*:\s*text/html")
 _SCRIPT_URL_RE = re.compile(_SCRIPT_URL, re.IGNORECASE)

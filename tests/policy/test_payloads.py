@@ -362,12 +362,15 @@ def test_a_parenthetical_aside_after_a_word_is_english(text: str) -> None:
 
 @pytest.mark.parametrize("text", [
     '<a href="\x01javascript: alert(1)">x</a>', "[x](<javascript: alert(1)>)", "[x][1]\n\n[1]: <javascript: alert(1)>",
+    "[x][1]\n> [1]: <javascript: alert(1)>", "- [x][1]\n- [1]: <javascript: alert(1)>", "1. x\n   2) [1]: <javascript: x>",
 ])  # fmt: skip
 def test_a_script_url_after_control_characters_or_in_angle_brackets_is_xss(text: str) -> None:
     """Browsers strip control characters before a URL's scheme, and CommonMark reads a link target or a link reference
-    definition's destination in ``<...>``; a footnote after a reference is not one."""
+    definition's destination in ``<...>``, also inside a block quote or list item; a footnote after a reference is not
+    one."""
     assert xss(text)
     assert not xss("JavaScript, a guide [1]\n\n[1]: JavaScript: The Good Parts, O'Reilly, 2008")
+    assert not xss("JavaScript, a guide [1]\n> [1]: JavaScript: The Good Parts")
 
 
 @pytest.mark.parametrize("text", CODE_LOOKALIKES)
@@ -735,7 +738,7 @@ PATHOLOGICAL_SHAPES = [
     ("x\ncat /a", "${IFS}/a", " x"), ("x\nls -a", "$IFS-a", " x"), ("x; cat /etc/passwd", "${IFS}/a", " x"),
     ("x && curl -o /tmp/x", "<a", " x"), ("x\nping -c 1", " -a", " x"), ("x\n8.8.8.8", " -c 1", "\nid x"),
     ("x | sudo", " -u root", " x"), ("x; id", " -a", " x"), ("1 union", " /**/", " x"), ("select", " (1),", " x"),
-    ("<a", " b='c'", ' "'), ("[x](", " <", "javascript x"), ("../", "./", "x"), ("x=", "..../", "x"), ("${", "${", "x"),
+    ("<a", " b='c'", ' "'), ("[x](", " <", "javascript x"), ("x\n", "- ", "[x] x"), ("../", "./", "x"), ("x=", "..../", "x"), ("${", "${", "x"),
 ]  # fmt: skip
 
 
