@@ -327,11 +327,12 @@ MARKUP_CLIMB = 3
 _TAG_REACH = 1024
 _ABSOLUTE_RE = re.compile(r"(?:[a-z]:)?[\\/]", re.IGNORECASE)
 #: The other climbs that read as an attack (:func:`_path_traversal`), each pattern starting with a literal: written
-#: evasively (three or more dots: ``....//``, which a filter that removes ``../`` once turns into ``../../``; two
-#: separators: ``..//``, ``..\/``), or reaching a system file or folder at most four folders on (``etc``,
+#: evasively (three or more dots before a separator: ``....//``, which a filter that removes ``../`` once turns into
+#: ``../../``, not an ellipsis, "Loading... see"; two separators: ``..//``, ``..\/``; a run of dots tried from its
+#: first dot only, as in :data:`_CLIMB`), or reaching a system file or folder at most four folders on (``etc``,
 #: ``windows``, ``WEB-INF``, ...).
 _TRAVERSAL_ATTACKS = tuple(re.compile(pattern, re.IGNORECASE) for pattern in (
-    r"\.\.(?:\.|[\\/]{2})",
+    r"\.(?<!\.\.)\.(?:\.+;?[\\/]|[\\/]{2})",
     (rf"{_CLIMB}(?:[\w.-]+[\\/]+){{0,4}}?(?:etc|windows|winnt|proc|boot\.ini|win\.ini|web-inf|\.ssh|\.env|\.git"
      r"|\.aws|root|var[\\/]log|inetpub|system32)\b"),
 ))

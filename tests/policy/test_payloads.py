@@ -284,11 +284,13 @@ def test_one_step_up_and_dots_are_not_traversal(text: str) -> None:
     "import Button from '../../components/Button'", "const cfg = require('../../config/default.json');",
     "See [guide](../../docs/setup.md) for the steps", "@import '../../styles/variables';",
     '<HintPath>..\\..\\packages\\Newtonsoft.Json.12.0.3\\lib\\net45\\Newtonsoft.Json.dll</HintPath>',
+    "Loading... see ../../docs/setup.md", "[INFO] Scanning for projects...\n[INFO] parent ../../parent/pom.xml",
+    "see ../../docs/setup.md " + "." * 100_000,
 ])  # fmt: skip
 def test_relative_links_and_imports_inside_a_line_are_not_traversal(text: str) -> None:
-    """A climb inside a line of code or prose (an import, a Markdown link, an MSBuild hint path) is no traversal: a
-    climb counts where its path starts the line or follows ``=``, is written evasively, or reaches a system file or
-    folder."""
+    """A climb inside a line of code or prose (an import, a Markdown link, an MSBuild hint path; an ellipsis elsewhere
+    in the text is not an evasive climb) is no traversal: a climb counts where its path starts the line or follows
+    ``=``, is written evasively, or reaches a system file or folder."""
     assert not path_traversal(text)
     assert path_traversal(text.replace("../../", "../../../etc/passwd ").replace("..\\..\\", "....//....//"))
 
