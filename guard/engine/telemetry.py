@@ -68,6 +68,7 @@ from guard._json import JSON_LEVELS, json_readings, surrogates_joined
 from guard._logevery import LogEvery
 from guard._resource import resource_from_env
 from guard._urls import shown_url
+from guard.policy._state import split_pointer
 from guard.policy.redact import UNMASKABLE_FLAG, apply_redactions, escape_pointer
 from guard.subject import AgentSubject, HttpSubject, Subject, body_strings, is_plain_key
 from guard.verdict import Verdict
@@ -832,12 +833,13 @@ def _strings(node: Any) -> list[str]:
 
 def _erase_secret_names(node: Any, at: str, erased: list[str], values: list[str]) -> None:
     """Remove every mapping entry whose key looks like a secret (:data:`SECRET_NAME`), at any depth; the strings
-    they held go to ``values``."""
+    they held, and the key where it is not a plain identifier (the body's text repeats it:
+    ``"backup token ... password hunter2"``), go to ``values``."""
     if isinstance(node, dict):
         for key in list(node):
             where = f"{at}/{escape_pointer(str(key))}"
             if SECRET_NAME.search(str(key)):
-                values.extend(_strings(node.pop(key)))
+                values.extend(_strings({key: node.pop(key)}))
                 erased.append(where)
             else:
                 _erase_secret_names(node[key], where, erased, values)
@@ -1027,7 +1029,7 @@ def _redact_input(record: dict[str, Any], erased: list[str], logged_headers: Col
         flags[RAW_ARGUMENTS_FLAG] = _erase_raw_secrets(raw, values)
         if len(values) > found:
             erased.append(f"/flags/{RAW_ARGUMENTS_FLAG}")
-    _scrub_record(record, values, shapes=True, cards=cards)
+    _scrub_record(record, values, shapes=True, cards=cards, keys=True)
 
 
 def secret_values(values: Iterable[str]) -> list[str]:
@@ -1140,11 +1142,39 @@ def _scrub_shapes(text: str, *, cards: bool = True) -> str:
     return _URL_SHAPE.sub(_url, text) if "://" in text else text
 
 
-def _scrub_record(record: dict[str, Any], values: list[str], *, shapes: bool = False, cards: bool = True) -> None:
+KEY_PLACEHOLDER = "[key]"
+"""How the decision log writes a JSON pointer's reference token that is not a plain identifier (a client's key)."""
+
+
+def _plain_tokens(scrub: Callable[[str], str]) -> Callable[[str], str]:
+    """A pointer token rewriter: a plain identifier (:func:`~guard.subject.is_plain_key`: ``body``, ``0``,
+    ``user_id``) through ``scrub``, any other token (a client's key that reads as text, ``"patient Jane Roe, SSN
+    ..."``) as :data:`KEY_PLACEHOLDER`."""
+    return lambda token: scrub(token) if is_plain_key(token) else KEY_PLACEHOLDER
+
+
+def _rewrite_pointers(record: dict[str, Any], token: Callable[[str], str]) -> None:
+    """Each reference token of the record's JSON pointers (``result.redactions[].pointer`` and ``erased``: they are
+    made of the client's keys) replaced by ``token(it)``."""
+
+    def rewrite(pointer: str) -> str:
+        return "".join(f"/{escape_pointer(token(t))}" for t in split_pointer(pointer))
+
+    result = record.get("result")
+    for redaction in (result.get("redactions") or ()) if isinstance(result, dict) else ():
+        redaction["pointer"] = rewrite(redaction["pointer"])
+    if isinstance(record.get("erased"), list):
+        record["erased"] = [rewrite(pointer) for pointer in record["erased"]]
+
+
+def _scrub_record(record: dict[str, Any], values: list[str], *, shapes: bool = False, cards: bool = True,
+                  keys: bool = False) -> None:
     """``values`` (and the bare keys inside ``Authorization``-style ones, and each as raw request text may spell it:
     :func:`_spellings`) replaced by ``[redacted]`` in the record's ``input``, ``state``, raw argument text and
-    malformed call's problem, ``result.message``, ``error`` and each ``policies[].error``; values under 4 characters only when they are 3 digits (shorter ones would hit
-    words); with ``shapes``, what :func:`_scrub_shapes` replaces too (card numbers only with ``cards``). See
+    malformed call's problem, ``result.message``, ``error``, each ``policies[].error`` and each token of the
+    pointers in ``result.redactions`` and ``erased``; values under 4 characters only when they are 3 digits (shorter
+    ones would hit words); with ``shapes``, what :func:`_scrub_shapes` replaces too (card numbers only with
+    ``cards``); with ``keys``, a pointer token that is not a plain identifier written as :data:`KEY_PLACEHOLDER`. See
     :class:`Scrubber` for the cost."""
     values = secret_values(values)
     values += _spellings(values)
@@ -1170,6 +1200,7 @@ def _scrub_record(record: dict[str, Any], values: list[str], *, shapes: bool = F
     for contribution in record.get("policies") or ():
         if isinstance(contribution.get("error"), str):
             contribution["error"] = scrub(contribution["error"])
+    _rewrite_pointers(record, _plain_tokens(scrub) if keys else scrub)
 
 
 def _contribution(verdict: Verdict) -> dict[str, Any]:
@@ -1443,6 +1474,7 @@ class DecisionLog:
             record["trace_id"] = format(context.trace_id, "032x")
             record["span_id"] = format(context.span_id, "016x")
         erased: list[str] = []
+        record["erased"] = erased  # rewritten where the pointers' tokens are
         removed: list[str] = []
         for _, tokens in self._redact:
             _erase(record, tokens, "", erased, removed)
@@ -1457,13 +1489,13 @@ class DecisionLog:
             for name in (RAW_ARGUMENTS_FLAG, MALFORMED_FLAG):
                 if isinstance(record["flags"], dict) and name in record["flags"]:
                     record["flags"][name] = None
+            _rewrite_pointers(record, _plain_tokens(_scrub_shapes))
         if not self.include_input:
             record["input"] = None
-            erased = [pointer for pointer in erased if not pointer.startswith("/input/")]
+            record["erased"] = [pointer for pointer in record["erased"] if not pointer.startswith("/input/")]
         # cut once redacted: a secret value cut in two would no longer be found and replaced
         record["input"] = _bounded(record["input"], self.max_chars)
         record["state"] = _bounded(record["state"], self.max_chars)
-        record["erased"] = erased
         return record
 
     def record(self, verdict: Verdict, subject: Subject | None, **kwargs: Any) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from guard.engine.telemetry import (
 from guard.policy import load_text
 from guard.policy.rules import trace_rules
 from guard.subject import AgentSubject, HttpSubject, body_strings
-from guard.verdict import Verdict
+from guard.verdict import Redaction, Verdict
 from tests._backends import ScriptedBackend
 
 # Redaction cost -----------------------------------------------------------------------------------------------------
@@ -286,6 +286,29 @@ def test_a_malformed_tool_calls_problem_is_left_out_under_none_and_scrubbed_unde
         "sk-proj-abcdefghijklmnopqrstuvwxyz123456", "[redacted]")
     rule = Verdict("block", "d2", policy_id="p", rule="r", message="Blocked: this asks for secrets.")
     assert DecisionLog(io.StringIO(), log_input="none").event(rule, subject)["result"]["message"] == rule.message
+
+
+def test_pointers_hold_no_client_key_that_reads_as_text_nor_a_secret_one() -> None:
+    """A redaction's pointer and an ``erased`` entry are made of the client's keys: ``none`` wrote the key
+    ``"patient Jane Roe, SSN ..."`` whole, ``redacted`` a token and password held in a secret-named key it erased
+    (review finding). A token that is not a plain identifier is written ``[key]``; a plain one is scrubbed as text."""
+    private = "patient Jane Roe HIV positive, SSN 078-05-1120"
+    secret = "backup token ghp_abcdefghijklmnopqrstuvwxyz0123456789 password hunter2"
+    subject = HttpSubject(method="POST", path="/in", body={private: "x", secret: "y", "user_id": "u1"},
+                          body_text=f"{private}\nx\n{secret}\ny\nu1")
+    verdict = Verdict("redact", "d1", policy_id="p", redactions=(
+        Redaction(f"/{private}", 0, 1, "api_key"), Redaction("/items/0/user_id", 0, 1, "api_key"),
+        Redaction("/AKIAABCDEFGHIJKLMNOP", 0, 1, "api_key")))
+    none = DecisionLog(io.StringIO(), log_input="none").event(verdict, subject)
+    assert [r["pointer"] for r in none["result"]["redactions"]] == ["/[key]", "/items/0/user_id", "/[redacted]"]
+    redacted = DecisionLog(io.StringIO()).event(verdict, subject)
+    assert redacted["result"]["redactions"] == none["result"]["redactions"]
+    assert "/input/body/[key]" in redacted["erased"]
+    assert "Jane Roe" not in json.dumps(none)  # ``redacted`` keeps the input's body, keys and all
+    logged = json.dumps([none, redacted])
+    assert "ghp_" not in logged and "hunter2" not in logged
+    full = DecisionLog(io.StringIO(), log_input="full").event(verdict, subject)  # keeps the input, keys and all
+    assert full["result"]["redactions"][0]["pointer"] == f"/{private}"
 
 
 def test_cookie_values_and_decoded_basic_credentials_are_scrubbed_where_the_body_repeats_them() -> None:
