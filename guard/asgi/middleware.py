@@ -430,7 +430,8 @@ class GuardMiddleware:
         cache_scope = None
         if watching:
             try:
-                cache_scope = self.tenant_of(scope, request_headers) if self.cache_per_tenant else None
+                tenant = self.tenant_of(scope, request_headers)  # refused when ambiguous, as on the request path
+                cache_scope = tenant if self.cache_per_tenant else None
                 if scope.get("query_string"):  # a response policy reads the request's query too
                     head = dataclasses.replace(head, query=query_map(scope, self.limits.max_form_fields))
             except BodyError as exc:

@@ -206,19 +206,23 @@ def slow(tmp_path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
 
 
 @pytest.mark.anyio
-async def test_each_tenants_response_decisions_are_cached_apart(tmp_path: Path) -> None:
-    """Responses are judged under the request's tenant: a tenant cannot time whether another got the same answer."""
+@pytest.mark.parametrize("per_tenant", [True, False])
+async def test_each_tenants_response_decisions_are_cached_apart(tmp_path: Path, per_tenant: bool) -> None:
+    """Responses are judged under the request's tenant: a tenant cannot time whether another got the same answer. A
+    repeated tenant header is refused as on the request path, whether the cache is shared or not: only the per-tenant
+    cache refused it (review finding)."""
     path = tmp_path / "p.yaml"
     path.write_text(POLICY)
     backend = ScriptedBackend(answers)
     guard = Guard.from_files(path, backends=backend)
-    app = Starlette(routes=ROUTES, middleware=[Middleware(GuardMiddleware, guard=guard, tenant_header="x-tenant")])
+    app = Starlette(routes=ROUTES, middleware=[Middleware(GuardMiddleware, guard=guard, tenant_header="x-tenant",
+                                                          cache_per_tenant=per_tenant)])
     async with client_for(app) as client:
         for tenant in ("acme", "evil", "acme"):
             response = await client.get("/out/plain", params={"kind": "ok"}, headers={"x-tenant": tenant})
             assert response.json() == {"answer": "all fine"}
         twice = await client.get("/out/plain", params={"kind": "ok"}, headers=[("x-tenant", "a"), ("x-tenant", "b")])
-    assert backend.calls == 2
+    assert backend.calls == (2 if per_tenant else 1)
     assert twice.status_code == 400 and twice.json()["code"] == "repeated_header"
     await guard.aclose()
 
