@@ -336,7 +336,7 @@ class Guard:
             plan = self._plan(policy)  # reads the backend's revision (a policy with questions), which may fail
             large = carries_over(subject, INLINE_DECISION_CHARS)
             # rules read ``raw``; the model and the cache ``state``
-            raw, state, flags, key = await _run(large, plan.prepare, subject)
+            raw, state, flags, key = await _run(large, plan.prepare, subject, cache_scope)
             key = scoped_key(key, cache_scope)
             if plan.no_answers is not None:  # rules only: no model call, no cache
                 cached = plan.no_answers
@@ -398,7 +398,7 @@ class Guard:
                     self.telemetry.shadow_skipped.add(1, {"guard.policy.id": plan.policy.id})
                 continue
             try:
-                raw, state, flags, key = await _run(large, group.prepare, subject)
+                raw, state, flags, key = await _run(large, group.prepare, subject, cache_scope)
                 key = scoped_key(key, cache_scope)
             except Exception as exc:  # noqa: BLE001 - a state too long (or a failing render) for every member
                 for plan in group.plans:

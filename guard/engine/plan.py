@@ -3,7 +3,7 @@
 A :class:`Plan` belongs to one policy object answered by one backend revision. It holds the cache key's constant
 part (:class:`~guard.engine.keys.KeyTemplate`), the wire id -> question key map, whether the rule result may be kept
 with cached answers (:meth:`Plan.outcome`), and a bounded memo from a rendered state to its normalised form, flags and
-cache key (:meth:`Plan.prepare`).
+cache key, for each cache scope apart (:meth:`Plan.prepare`).
 
 Why the state memo is exact: preparing the state (normalisation and the fields' caps, ``Policy.prepare_state``) and
 the key are pure functions of the rendered state. The usual state, an object whose values are all strings, is
@@ -134,13 +134,16 @@ class Plan:
         self.features = reads & FEATURE_NAMES  # call / result: computed from the subject for every decision
         pure = reads <= ANSWER_INPUTS | frozenset(self.names.values())
         self.memo_flags: bool | None = ("flags" in reads) if pure else None
-        # memo key -> (flat, normalised items or JSON, flags, cache key)
-        self._states: OrderedDict[MemoKey, tuple[bool, Any, tuple[tuple[str, Any], ...], str]] = OrderedDict()
+        # (cache scope, memo key) -> (flat, normalised items or JSON, flags, cache key)
+        self._states: OrderedDict[tuple[str | None, MemoKey], tuple[bool, Any, tuple[tuple[str, Any], ...], str]] = (
+            OrderedDict())
         self.no_answers = None if policy.questions else CachedAnswers(SystemOneResponseV1("", {}, UsageV1(0)))
         self._lock = threading.Lock()
 
-    def prepare(self, subject: Subject) -> tuple[dict[str, Any], Any, dict[str, Any], str]:
-        """Render ``subject``'s state, normalise it and hash its cache key.
+    def prepare(self, subject: Subject, scope: str | None = None) -> tuple[dict[str, Any], Any, dict[str, Any], str]:
+        """Render ``subject``'s state, normalise it and hash its cache key. The last :data:`STATE_MEMO_ENTRIES` states
+        normalised are remembered for each ``scope`` apart (the decision's cache scope, a tenant: one scope cannot time
+        whether another rendered the same state; ``None``: every unscoped decision's).
 
         Returns:
             ``(raw, state, flags, key)``: the rendered state as received (what the rules read), the normalised (and
@@ -154,7 +157,7 @@ class Plan:
         memo_key = _memo_key(raw)
         if memo_key is not None:
             with self._lock:
-                known = self._states.get(memo_key)
+                known = self._states.get((scope, memo_key))
             if known is not None:
                 flat, normalized, known_flags, known_key = known
                 state = dict(normalized) if flat else json.loads(normalized)
@@ -163,7 +166,7 @@ class Plan:
         state, flags = prepared.value, dict(prepared.flags)
         key = self.key.key(state)
         if memo_key is not None:
-            self._remember(memo_key, state, flags, key)
+            self._remember(scope, memo_key, state, flags, key)
         return raw, state, flags, key
 
     def outcome(
@@ -243,7 +246,7 @@ class Plan:
             "redact": outcome.redact,
         }
 
-    def _remember(self, memo_key: MemoKey, state: Any, flags: dict[str, Any], key: str) -> None:
+    def _remember(self, scope: str | None, memo_key: MemoKey, state: Any, flags: dict[str, Any], key: str) -> None:
         entry: tuple[bool, Any, tuple[tuple[str, Any], ...], str]
         if isinstance(memo_key, tuple):  # a flat object of strings normalises to one
             entry = (True, tuple(state.items()), tuple(flags.items()), key)
@@ -257,8 +260,8 @@ class Plan:
             entry = (False, normalized_json, tuple(flags.items()), key)
         with self._lock:
             states = self._states
-            states[memo_key] = entry
-            states.move_to_end(memo_key)
+            states[scope, memo_key] = entry
+            states.move_to_end((scope, memo_key))
             while len(states) > STATE_MEMO_ENTRIES:
                 states.popitem(last=False)
 
@@ -306,20 +309,21 @@ class Group:
         )
         self.timeout = max(plan.policy.timeout for plan in plans)
         self.ttl = min(plan.policy.cache_ttl for plan in plans)
-        self._keys: dict[str, str] = {}  # first plan's key (it names the state exactly) -> this group's key
+        # (cache scope, first plan's key: it names the state exactly) -> this group's key
+        self._keys: dict[tuple[str | None, str], str] = {}
 
-    def prepare(self, subject: Subject) -> tuple[dict[str, Any], Any, dict[str, Any], str]:
+    def prepare(self, subject: Subject, scope: str | None = None) -> tuple[dict[str, Any], Any, dict[str, Any], str]:
         """``(raw, state, flags, key)`` as :meth:`Plan.prepare`, with this group's cache key (remembered for the last
-        :data:`STATE_MEMO_ENTRIES` states: each dict operation is atomic, so no lock)."""
-        raw, state, flags, own_key = self.plans[0].prepare(subject)
+        :data:`STATE_MEMO_ENTRIES` states, for each ``scope`` apart: each dict operation is atomic, so no lock)."""
+        raw, state, flags, own_key = self.plans[0].prepare(subject, scope)
         if len(self.plans) == 1:
             return raw, state, flags, own_key
-        key = self._keys.get(own_key)
+        key = self._keys.get((scope, own_key))
         if key is None:
             key = self.key.key(state)
             if len(self._keys) >= STATE_MEMO_ENTRIES:
                 self._keys.clear()
-            self._keys[own_key] = key
+            self._keys[scope, own_key] = key
         return raw, state, flags, key
 
     def request(self, state: Any) -> SystemOneRequestV1:

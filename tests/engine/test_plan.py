@@ -150,6 +150,22 @@ async def test_state_memo_gives_equal_fresh_states_and_the_same_flags() -> None:
     assert verdicts[1].flags == {"zero_width": 2} and verdicts[1].cache_hit
 
 
+@pytest.mark.anyio
+async def test_the_state_memo_is_kept_apart_per_cache_scope(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memo prepared a state any tenant had rendered without normalising it again: a tenant could time whether
+    another had sent that text, though the cache kept their answers apart (review finding)."""
+    guard = Guard(policies("injection.noul >= 0.5"), backends=ScriptedBackend(constant(injection=0.1)))
+    policy = guard.policies["p"]
+    prepared: list[object] = []
+    prepare_state = type(policy).prepare_state
+    monkeypatch.setattr(type(policy), "prepare_state",
+                        lambda self, *args: prepared.append(args) or prepare_state(self, *args))
+    subject = post("Q3 layoffs are planned for March")
+    for scope, normalised in (("acme", 1), ("acme", 1), ("evil", 2), (None, 3), (None, 3), ("evil", 3)):
+        await guard.aevaluate(subject, cache_scope=scope)
+        assert len(prepared) == normalised, scope
+
+
 def test_long_states_are_not_kept() -> None:
     guard = Guard(policies("injection.noul >= 0.5"), backends=ScriptedBackend())
     plan = plan_for(guard)
