@@ -118,10 +118,10 @@ def _describe(value: Any) -> str:
 
 
 def shown_id(value: Any, *, quoted: bool = True) -> str:
-    """``value`` (an id) as an error message shows it: a string not in Unicode NFC form with :func:`ascii`, so ids
-    that print alike read apart (``'\\u212b'`` beside ``'Å'``); anything else with :func:`repr`, or as it is when
-    ``quoted`` is false and it is a string (an entry of a list of ids)."""
-    if isinstance(value, str) and not unicodedata.is_normalized("NFC", value):
+    """``value`` (an id) as an error message shows it: a string not in Unicode NFKC form with :func:`ascii`, so ids
+    that print alike read apart (``'\\u212b'`` beside ``'Å'``, ``'\\ufb01'`` beside ``'fi'``); anything else with
+    :func:`repr`, or as it is when ``quoted`` is false and it is a string (an entry of a list of ids)."""
+    if isinstance(value, str) and not unicodedata.is_normalized("NFKC", value):
         return ascii(value)
     return value if isinstance(value, str) and not quoted else repr(value)
 

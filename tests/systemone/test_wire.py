@@ -121,14 +121,15 @@ def test_workers_ai_profile_refuses_an_option_id_with_control_or_bidi_characters
 @pytest.mark.parametrize(
     ("first", "second", "shown"),
     [("\u212b", "\u00c5", "'\\u212b' and '\u00c5'"), ("e\u0301", "\u00e9", "'e\\u0301' and '\u00e9'"),
-     ("\ufb01", "fi", "'\ufb01' and 'fi'")],
+     ("\ufb01", "fi", "'\\ufb01' and 'fi'")],
 )
 def test_workers_ai_profile_refuses_option_ids_that_are_one_text_once_normalised(
     first: str, second: str, shown: str
 ) -> None:
     """U+212B and U+00C5 (both Å) were two options (attack finding): the tokenizer normalises both to the same tokens,
     so the model told them apart by position only, and a rule's ``pick.choice == "Å"`` matched either. The error
-    names both ids, one not in NFC form written with escapes."""
+    names both ids, one not in NFKC form written with escapes (U+FB01 was shown as it is, reading as "fi": review
+    finding)."""
     body = _request(q={"type": "choice", "instructions": "x", "criteria": {first: "a", second: "b", "other": "c"}})
     with pytest.raises(RequestValidationError) as info:
         SystemOneRequestV1.from_json(body)
