@@ -128,6 +128,13 @@ _BASE32 = re.compile(r"[A-Z2-7]{16,}=*|[a-z2-7]{16,}=*")
 #: (base64 of base64 of text).
 _DECODED_MIN = 12
 _MAX_DECODINGS = 3
+#: A run of 20 printable ASCII characters or more in a token's decoded bytes (:func:`_holds_text`): ASCII, Latin-1
+#: and cp1252 text share these bytes, so text in any of them, after random bytes, before a stray byte or NUL padding,
+#: holds such runs; random bytes hold one hardly ever (none in 100,000 random base64 keys of 24 to 128 bytes).
+_ASCII_RUN = re.compile(rb"[\x20-\x7e]{20,}")
+#: Separators a token's groups may be joined by (``SWdub3Jl-IGFsbCBw``, ``4967-6e6f``), taken out before it is decoded.
+_GROUP_SEPARATORS = re.compile(r"[-_.~]")
+_HEX_DIGITS = re.compile(r"[0-9a-fA-F]+")
 #: How gzip data (``1f 8b 08``) and zlib data (``78`` and a header check for each compression level) start, and most
 #: bytes a token's decoded text is inflated to (:func:`_decodings`): compressed text is read as that text.
 _DEFLATE_START = re.compile(rb"\x1f\x8b\x08|\x78[\x01\x5e\x9c\xda]")
@@ -324,7 +331,9 @@ def _is_token(value: str, depth: int = 0) -> bool:
     """Whether ``value`` is one credential token (:func:`_shaped_token`). A token, or a key's part after its known
     prefix, that decodes to text (:func:`_decoded_text`: hex, base64, base64url, base32 of UTF-8 or UTF-16) is judged
     as that text, ``depth`` decodings deep, at most :data:`_MAX_DECODINGS`: a credential only if the text is itself
-    one token that is (base64 of a random key is a key; of a sentence, or of words run together, is not)."""
+    one token that is (base64 of a random key is a key; of a sentence, or of words run together, is not). Nor is a
+    token (but a JWT, whose signature :func:`_jwt_shaped` reads) whose bytes hold text anywhere (:func:`_holds_text`:
+    after a random prefix, before a stray byte, in Latin-1)."""
     if _TOKEN.fullmatch(value) is None:
         return False
     prefix = _KEY_PREFIX.match(value)
@@ -332,7 +341,7 @@ def _is_token(value: str, depth: int = 0) -> bool:
     text = _decoded_text(key)
     if text is not None:
         return depth < _MAX_DECODINGS and _is_token(text, depth + 1)
-    return _shaped_token(value)
+    return _shaped_token(value) and (_JWT.fullmatch(value) is not None or not _holds_text(key))
 
 
 def _shaped_token(value: str) -> bool:
@@ -387,7 +396,7 @@ def _jwt_shaped(header: str, payload: str, signature: str) -> bool:
         if not isinstance(claims, dict):
             return False
     return (len(signature) in _SIGNATURE_LENGTHS and not _reads_as_text(signature)
-            and _decoded_text(signature) is None)
+            and _decoded_text(signature) is None and not _holds_text(signature))
 
 
 def _jwt_part(part: str) -> str:
@@ -440,6 +449,31 @@ def _decoded_text(value: str) -> str | None:
                     and (coding == "utf-8" or _one_script(text))):
                 return text
     return None
+
+
+def _holds_text(value: str) -> bool:
+    """Whether the bytes ``value`` decodes to hold text anywhere in them, not only from the first byte as
+    :func:`_decoded_text` reads it: a run of printable ASCII (:data:`_ASCII_RUN`) with two spaces or more, or at least
+    80 % letters, in the bytes of hex (from either of its first two digits) or of base64 or base64url (from any of its
+    first four characters, the characters a last partial byte takes left out), as written and with the separators of
+    groups taken out (:data:`_GROUP_SEPARATORS`). So text after random bytes (``\\xff``, a random prefix), before a
+    stray byte, with NUL padding, in Latin-1 or cp1252, or in groups is found; random bytes hardly ever are."""
+    for chars in dict.fromkeys((value.rstrip("="), _GROUP_SEPARATORS.sub("", value).rstrip("="))):
+        datas = []
+        if _HEX_DIGITS.fullmatch(chars):
+            datas += [bytes.fromhex(chars[skip:len(chars) - (len(chars) - skip) % 2]) for skip in (0, 1)]
+        for skip in range(4):
+            part = chars[skip:]
+            try:
+                datas.append(base64_bytes(part[:len(part) & ~3]))
+            except ValueError:  # a character outside base64
+                break
+        for data in datas:
+            for run in _ASCII_RUN.finditer(data):
+                text = run.group()
+                if text.count(b" ") >= 2 or sum(chr(c).isalpha() for c in text) * 5 >= len(text) * 4:
+                    return True
+    return False
 
 
 def _one_script(text: str) -> bool:
