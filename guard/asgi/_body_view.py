@@ -34,6 +34,7 @@ import functools
 import itertools
 import json
 import re
+import string
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,6 +111,18 @@ _WORDS_WINDOW = 16
 #: What is not a letter: taken out of a token before its letters are read as words run together
 #: (``ign2ore5all8pri1orr4ule7s`` is ``ignoreallpriorrules``).
 _NOT_LETTER = re.compile(r"[^A-Za-z]+")
+#: Letters mirrored (Atbash: ``a`` is ``z``) and rotated by each shift of 0 to 25 (a Caesar shift), read back as
+#: words (:func:`_reads_as_text`).
+_ATBASH = str.maketrans(string.ascii_lowercase + string.ascii_uppercase,
+                        string.ascii_lowercase[::-1] + string.ascii_uppercase[::-1])
+_ROTATIONS = [str.maketrans(string.ascii_letters, string.ascii_lowercase[s:] + string.ascii_lowercase[:s]
+                            + string.ascii_uppercase[s:] + string.ascii_uppercase[:s]) for s in range(26)]
+#: The most common trigrams of English text, by which the rotation of a token's letters that reads as English is
+#: chosen (:func:`_best_rotation`).
+_TRIGRAMS = ("the", "and", "ing", "ion", "tio", "ent", "ati", "for", "her", "ter", "hat", "tha", "ere", "ate", "his",
+             "con", "res", "ver", "all", "ons", "nce", "men", "ith", "ted", "ers", "pro", "thi", "wit", "are", "ess",
+             "not", "ive", "was", "ect", "rea", "com", "eve", "per", "int", "est", "sta", "cti", "ica", "ist", "ear",
+             "ain", "one", "our", "iti", "rat", "ore", "ove", "nor", "pre", "ble", "out", "ill", "you", "now")
 #: Letters of a token (16 or more) read as words run together (:func:`_letters_read_as_words`), and of each window
 #: of it.
 _LETTERS_MIN = 16
@@ -521,14 +534,37 @@ def _reads_as_text(value: str) -> bool:
     (:data:`_LOWER_RUN`: words run together), two segments next to each other (parted by :data:`_SEPARATORS`) of two
     letters or more shaped as words (:data:`_WORD`: ``grant_admin_role``, ``x9Qz-Ignora-las-reglas``), common English
     words that spell a part of it (:func:`_spells_words`), as written or with its letters rotated by 13 (rot13:
-    ``VtaberNyyCerivbhfEhyrf`` is ``IgnoreAllPreviousRules``); or the whole token decodes to text with blank space
-    (:func:`_encodes_text`). Words spelled with digits for letters (``Ign0r3Pr3v10us``) are not read."""
+    ``VtaberNyyCerivbhfEhyrf`` is ``IgnoreAllPreviousRules``), reversed, mirrored (Atbash: ``a`` for ``z``) or
+    rotated by the Caesar shift that reads most as English (:func:`_best_rotation`); or the whole token decodes to
+    text with blank space (:func:`_encodes_text`). Words spelled with digits for letters (``Ign0r3Pr3v10us``) are not read."""
     if _LOWER_RUN.search(value) or _encodes_text(value):
         return True
     segments = _SEPARATORS.split(value)
     if any(_is_word(a) and _is_word(b) for a, b in itertools.pairwise(segments)):
         return True
-    return _spells_words(value) or _spells_words(codecs.encode(value, "rot13"))
+    readings = (value, codecs.encode(value, "rot13"), value[::-1], value.translate(_ATBASH), _best_rotation(value))
+    return any(_spells_words(reading) for reading in readings)
+
+
+def _best_rotation(value: str) -> str:
+    """``value`` with its letters rotated by the shift (1 to 25, 13 aside: rot13 is read anyway) under which they hold
+    the most common English trigrams (:data:`_TRIGRAMS`): a Caesar shift of text read back (``LjqruhDoo`` is
+    ``IgnoreAll``), so only that one rotation is read for words."""
+    letters = _NOT_LETTER.sub("", value).lower()
+    shifts = _trigram_shifts()
+    hits = collections.Counter(s for i in range(len(letters) - 2) for s in shifts.get(letters[i:i + 3], ()))
+    shift = max((s for s in range(1, 26) if s != 13), key=lambda s: hits[s])
+    return value.translate(_ROTATIONS[shift])
+
+
+@functools.cache
+def _trigram_shifts() -> dict[str, list[int]]:
+    """For each trigram of small letters, the shifts (1 to 25) that rotate it into one of :data:`_TRIGRAMS`."""
+    out: dict[str, list[int]] = collections.defaultdict(list)
+    for shift in range(1, 26):
+        for trigram in _TRIGRAMS:
+            out[trigram.translate(_ROTATIONS[26 - shift])].append(shift)
+    return dict(out)
 
 
 def _spells_words(value: str) -> bool:
