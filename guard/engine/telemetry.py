@@ -1092,10 +1092,16 @@ _CARD_NUMBER = re.compile(
 )
 _URL_SHAPE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>\\]+")
 #: A secret in a connection string (``;``-separated ``name=value`` pairs: Azure Storage's and Service Bus's, ADO.NET's,
-#: ODBC's): the value of ``AccountKey``, ``SharedAccessKey``, ``SharedAccessSignature``, ``Password`` or ``Pwd``, up to
-#: the next ``;``, blank space or quote.
+#: ODBC's; libpq's blank-separated ones): the value of ``AccountKey``, ``SharedAccessKey``, ``SharedAccessSignature``,
+#: ``Password`` or ``Passwd`` (``Pwd`` after a ``;`` or at the start: ``PWD=/home/alice`` is a shell's directory),
+#: blanks around the ``=`` or not (group 1, kept), and the value (group 2, masked): quoted (``"..."``, ``'...'``,
+#: ODBC's ``{...}``) or not empty and up to the next ``;``, ``&``, quote, line end, or blank before another ``name=``
+#: (a password may hold a blank: ``Password=S3cr3 tPass;``).
 _CONNECTION_SECRET = re.compile(
-    r"(?<![A-Za-z0-9])(AccountKey|SharedAccessKey|SharedAccessSignature|Password|Pwd)=[^;\s\"'<>]+", re.IGNORECASE
+    r"((?:(?<![A-Za-z0-9])(?:AccountKey|SharedAccessKey|SharedAccessSignature|Pass(?:word|wd))|(?:^|(?<=;))[ \t]*Pwd)"
+    r"[ \t]*=[ \t]*)"
+    r"(\"[^\"]*\"|'[^']*'|\{[^}]*\}|[^\s;\"'<>&]+(?:[ \t]+(?![\w.-]+[ \t]*=)[^\s;\"'<>&]+)*)",
+    re.IGNORECASE,
 )
 
 
@@ -1136,7 +1142,7 @@ def _scrub_shapes(text: str, *, cards: bool = True) -> str:
     (``https://user:pass@host``) or a credential-named parameter (``?api_key=``, ``#access_token=``) cut to its scheme,
     host and path, and with ``cards``, card numbers (:data:`_CARD_SHAPE` of an issuer's prefix and length that pass
     the Luhn check)."""
-    text = _CONNECTION_SECRET.sub(r"\1=[redacted]", _KEY_SHAPE.sub("[redacted]", text))
+    text = _CONNECTION_SECRET.sub(r"\1[redacted]", _KEY_SHAPE.sub("[redacted]", text))
     if cards:
         text = _CARD_SHAPE.sub(_card, text)
     return _URL_SHAPE.sub(_url, text) if "://" in text else text

@@ -79,6 +79,16 @@ def test_ordinary_fields_holding_those_letters_are_kept(name: str) -> None:
     ("bus Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=Root;SharedAccessKey=Ab3dE6gH9jK2mN5pQ8sT=",
      "Ab3dE6gH9", "SharedAccessKeyName=Root;SharedAccessKey=[redacted]"),
     ("sql Server=db1;Database=app;User Id=sa;Password=Hunter2Pw!;", "Hunter2Pw", "User Id=sa;Password=[redacted];"),
+    ('sql Server=db1;User Id=sa;Password="Hunter2Pw!";', "Hunter2Pw", "User Id=sa;Password=[redacted];"),
+    ("sql Server=db1;User Id=sa;Password='Hunter2Pw!';", "Hunter2Pw", "User Id=sa;Password=[redacted];"),
+    ("sql Server=db1;User Id=sa;Password = Hunter2Pw!;", "Hunter2Pw", "User Id=sa;Password = [redacted];"),
+    ("sql Server=db1;User Id=sa;Password=Hunt er2Pw!;", "er2Pw", "User Id=sa;Password=[redacted];"),
+    ("odbc Driver={ODBC 18};UID=sa;PWD={Hunter;2Pw};Encrypt=yes", "2Pw", "UID=sa;PWD=[redacted];Encrypt=yes"),
+    ("pg host=db user=app password='Hunter2Pw' dbname=shop", "Hunter2Pw", "user=app password=[redacted] dbname=shop"),
+    ("pg host=db user=app password=Hunter2Pw dbname=shop", "Hunter2Pw", "user=app password=[redacted] dbname=shop"),
+    ('azure AccountName=a;AccountKey="k7Qz3JwVx9Lm2Rt8";EndpointSuffix=x', "k7Qz3", "AccountKey=[redacted];Endpoint"),
+    ("bus Endpoint=sb://ns/;SharedAccessKeyName=Root;SharedAccessKey = Ab3dE6gH9jK2=", "Ab3dE6",
+     "SharedAccessKeyName=Root;SharedAccessKey = [redacted]"),
 ])  # fmt: skip
 def test_values_shaped_like_secrets_are_redacted_wherever_text_holds_them(text: str, gone: str, kept: str) -> None:
     subject = HttpSubject(method="POST", path="/v1/notes", body={"note": text}, body_text=text)
@@ -101,6 +111,7 @@ def test_values_shaped_like_secrets_are_redacted_wherever_text_holds_them(text: 
     "https://shop.example.com/cart?item=3&code=SUMMER10", "4111.1111.1111.1111", "4111  1111  1111  1111",
     "s3://bucket/uploads/key-11f6ad8ec52a2984abaafd7c3b516503785c2072.json", "blob ACcafe2b01aa7142e940a2bf5755bd1305bf0f",
     "sha256 SK2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881",
+    "allow a=1&password=&b=2 style query strings", "The CLI prints `PWD=/home/alice/projects/shop` then fails",
 ])  # fmt: skip
 def test_text_without_such_shapes_is_kept(text: str) -> None:
     event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"note": text}), None)
