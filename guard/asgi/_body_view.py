@@ -17,8 +17,8 @@ not shown as the application reads it makes the view not ``complete`` (an approv
 * the view is cut at :data:`MAX_SHOWN_BODY_BYTES`;
 * a value that repeats a secret of the request (a credential header's, a secret-named field's) is masked where it is
   not that field's own value, and so is a secret its shape gives away anywhere (a key by its known prefix, a JWT, a
-  URL's password, which the URL is shown without): a client can make any text repeat a secret or take a key's
-  shape, so the mask may hide what it approves;
+  URL's password or credential parameter's value; a Twilio account SID, an identifier, is kept): a client can make
+  any text repeat a secret or take a key's shape, so the mask may hide what it approves;
 * in any other body (text, multipart), the secret values are masked wherever the text repeats them;
 * invisible and format characters (bidi controls, zero-width and tag characters, variation selectors, C1 controls,
   line and paragraph separators) are shown as ``\\u202e`` escapes, and counted;
@@ -242,11 +242,12 @@ class _Repeats:
         self._scrub = Scrubber(list(self._values)) if self._values else None
 
     def __call__(self, value: str) -> str | None:
-        """``value`` with the secrets it holds masked (all of it, :data:`MASK`, when it is one of the request's; a URL
-        holding a password shown without it, its query and fragment); ``None`` when it holds none."""
+        """``value`` with the secrets it holds masked (all of it, :data:`MASK`, when it is one of the request's; in a
+        URL, its password or credential parameters' values; a Twilio account SID is an identifier, kept); ``None``
+        when it holds none."""
         if value in self._values:
             return MASK
-        masked = _scrub_shapes(self._scrub(value) if self._scrub is not None else value, cards=False)
+        masked = _scrub_shapes(self._scrub(value) if self._scrub is not None else value, cards=False, account_ids=False)
         return masked if masked != value else None
 
 

@@ -56,7 +56,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import parse_qsl, quote, quote_plus, urlsplit
+from urllib.parse import quote, quote_plus, unquote_plus
 
 from opentelemetry import metrics, trace
 from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, Span, Status, StatusCode
@@ -67,7 +67,7 @@ from guard._close import CLOSE_TIMEOUT_S
 from guard._json import JSON_LEVELS, json_readings, surrogates_joined
 from guard._logevery import LogEvery
 from guard._resource import resource_from_env
-from guard._urls import shown_url
+from guard._urls import password_unclear, shown_url
 from guard.policy._state import split_pointer
 from guard.policy.redact import UNMASKABLE_FLAG, apply_redactions, escape_pointer
 from guard.subject import AgentSubject, HttpSubject, Subject, body_strings, is_plain_key
@@ -192,7 +192,7 @@ SECRET_NAME = re.compile(
     r"|subscription|webhook|storage)[-_]?key|seed[-_]?phrase|mnemonic|security[-_]?answer"
     rf"|{_WORD_START}(?:pin|account|acct|routing|card)[-_]?(?:num(?:ber)?|no|nr){_WORD_END}"
     r"|^key$|^sig$|jwt|^dpop$|assertion|^pass$|passcode|security[-_]?code|^pin[-_]?code$|^iban$|^bearer$"
-    rf"|connection[-_]?string|conn[-_]?str|database[-_]?url|{_WORD_START}dsn{_WORD_END}",
+    rf"|connection[-_]?string|conn[-_]?str(?:ing)?{_WORD_END}|database[-_]?url|{_WORD_START}dsn{_WORD_END}",
     re.IGNORECASE,
 )
 _CREDENTIAL_PARAM = re.compile(r"[-_](?:key|sig)$|^(?:code|authentication|sid|ticket)$", re.IGNORECASE)
@@ -1071,6 +1071,9 @@ _KEY_SHAPE = re.compile(
     r"|(?:SK|AC|key-|shp(?:at|ca|ss)_)[0-9a-f]{32}(?![0-9A-Za-z])"
     r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*)"
 )
+#: A Twilio account SID: an identifier that every webhook of the account carries (its auth token is the secret), kept
+#: where a reviewer reads a body (:func:`_scrub_shapes` without ``account_ids``).
+_ACCOUNT_SID = re.compile(r"AC[0-9a-f]{32}")
 #: The known prefix a key of :data:`_KEY_SHAPE` starts with (not a JWT's, nor a webhook path's), before its random
 #: part.
 _KEY_PREFIX = re.compile(
@@ -1091,6 +1094,12 @@ _CARD_NUMBER = re.compile(
     r"|(?:6011|64[4-9]\d|65\d\d)\d{12}(?:\d{3})?"
 )
 _URL_SHAPE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>\\]+")
+#: A plain user name in a URL (``git``, ``app``, ``deploy``, ``john.doe``): letters, then letters, dots, ``_`` or
+#: ``-``, 32 at most. Any other (digits, percent-encoding, a long run: ``ghtoken123``) may be a token, and is masked.
+_PLAIN_USER = re.compile(r"[A-Za-z][A-Za-z._-]{0,31}")
+#: One ``name=value`` parameter of a URL's query or fragment (``&``-separated, as a parser splits them), its value not
+#: empty.
+_URL_PARAM = re.compile(r"(?:^|(?<=&))([^&=]*)=([^&]+)")
 #: A secret in a connection string (``;``-separated ``name=value`` pairs: Azure Storage's and Service Bus's, ADO.NET's,
 #: ODBC's; libpq's blank-separated ones): the value of ``AccountKey``, ``SharedAccessKey``, ``SharedAccessSignature``,
 #: ``Password`` or ``Passwd`` (``Pwd`` after a ``;`` or at the start: ``PWD=/home/alice`` is a shell's directory),
@@ -1120,32 +1129,55 @@ def _card(match: re.Match[str]) -> str:
 
 
 def _url(match: re.Match[str]) -> str:
-    """The URL without userinfo, query and fragment (:func:`~guard._urls.shown_url`) where it holds userinfo (a
-    password, a token as the user) or a credential-named query or fragment parameter (:func:`credential_name`, less
-    ``code``: a promotion's as often as an OAuth code); else as it is."""
+    """The URL with its credentials replaced by ``[redacted]``: a password (``postgres://app:[redacted]@db``), a user
+    name that is not a plain one (:data:`_PLAIN_USER`: ``https://[redacted]@github.com``, a token as the user), and
+    the value of each credential-named query or fragment parameter (:func:`credential_name`, less ``code``: a
+    promotion's as often as an OAuth code; ``?api_key=[redacted]&page=2``), the rest as it is;
+    ``scheme://[hidden]`` where a password may hold a ``/``, ``?`` or ``#`` (:func:`~guard._urls.password_unclear`:
+    where the host starts cannot be told)."""
     url = match.group()
-    try:
-        parts = urlsplit(url)
-    except ValueError:
+    if password_unclear(url):
         return shown_url(url)
-    params = [name for text in (parts.query, parts.fragment) for name, _ in parse_qsl(text, keep_blank_values=True)]
-    if "@" in parts.netloc or any(credential_name(name) and name.lower() != "code" for name in params):
-        return shown_url(url)
-    return url
+    scheme, _, rest = url.partition("://")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    rest, hash_, fragment = rest[len(authority):].partition("#")
+    path, mark, query = rest.partition("?")
+    userinfo, at, host = authority.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    if at and (password or not _PLAIN_USER.fullmatch(user)):
+        userinfo = f"{user}:[redacted]" if _PLAIN_USER.fullmatch(user) else "[redacted]"
+    return f"{scheme}://{userinfo}{at}{host}{path}{mark}{_masked_params(query)}{hash_}{_masked_params(fragment)}"
 
 
-def _scrub_shapes(text: str, *, cards: bool = True) -> str:
+def _masked_params(text: str) -> str:
+    """A URL's query or fragment with the value of each credential-named ``name=value`` parameter replaced by
+    ``[redacted]`` (see :func:`_url`)."""
+
+    def masked(pair: re.Match[str]) -> str:
+        name = unquote_plus(pair.group(1))
+        return f"{pair.group(1)}=[redacted]" if credential_name(name) and name.lower() != "code" else pair.group()
+
+    return _URL_PARAM.sub(masked, text) if "=" in text else text
+
+
+def _scrub_shapes(text: str, *, cards: bool = True, account_ids: bool = True) -> str:
     """``text`` with the values a secret's shape gives away replaced by ``[redacted]``: keys by their known prefixes
     (:data:`_KEY_SHAPE`: ``AKIA``, ``ghp_``, ``xoxb-``, ``AIza``, ``sk-``, ``sk_live_``, ``glpat-``, a JWT, ...; a
     Slack webhook URL's path), a connection string's key or password (:data:`_CONNECTION_SECRET`:
-    ``AccountKey=[redacted]``), a URL holding userinfo
-    (``https://user:pass@host``) or a credential-named parameter (``?api_key=``, ``#access_token=``) cut to its scheme,
-    host and path, and with ``cards``, card numbers (:data:`_CARD_SHAPE` of an issuer's prefix and length that pass
-    the Luhn check)."""
-    text = _CONNECTION_SECRET.sub(r"\1[redacted]", _KEY_SHAPE.sub("[redacted]", text))
+    ``AccountKey=[redacted]``), a URL's password, token-shaped user name or credential-named parameter's value
+    (:func:`_url`: ``https://app:[redacted]@host/?api_key=[redacted]&page=2``), and with ``cards``, card numbers
+    (:data:`_CARD_SHAPE` of an issuer's prefix and length that pass the Luhn check). Without ``account_ids``, a
+    Twilio account SID (:data:`_ACCOUNT_SID`) is kept."""
+    keys = _KEY_SHAPE.sub("[redacted]" if account_ids else _key_but_account_id, text)
+    text = _CONNECTION_SECRET.sub(r"\1[redacted]", keys)
     if cards:
         text = _CARD_SHAPE.sub(_card, text)
     return _URL_SHAPE.sub(_url, text) if "://" in text else text
+
+
+def _key_but_account_id(key: re.Match[str]) -> str:
+    """``[redacted]`` for a key :data:`_KEY_SHAPE` found, but a Twilio account SID (:data:`_ACCOUNT_SID`) as it is."""
+    return key.group() if _ACCOUNT_SID.fullmatch(key.group()) else "[redacted]"
 
 
 KEY_PLACEHOLDER = "[key]"

@@ -291,6 +291,42 @@ def test_a_key_or_a_url_password_under_a_plain_name_is_masked_and_counted(conten
     assert view["complete"] is False and "or holds a key, a URL's password" in view["not_shown"]
 
 
+@pytest.mark.parametrize(("value", "shown"), [
+    ("We use postgres://app@db.internal:5432/orders?sslmode=require for the DB.", None),
+    ("Clone fails: ssh://git@github.com/acme/shop.git -> Permission denied", None),
+    ("allow a=1&password=&b=2 style query strings", None),
+    ("The CLI prints `PWD=/home/alice/projects/shop` then fails", None),
+    ("Twilio SMS not sent, AccountSid AC" + "3f2a" * 8 + ", error 30007.", None),
+    ("Callback https://login.acme.com/cb?state=af3b&session_state=12ab-44#frag then loops",
+     "Callback https://login.acme.com/cb?state=af3b&session_state=[redacted]#frag then loops"),
+    ("https://shop.example.com/thanks?session_id=cs_test_a1b2c3&lang=fr",
+     "https://shop.example.com/thanks?session_id=[redacted]&lang=fr"),
+    ("db postgres://admin:S3cr3tPw@db.internal/app?sslmode=require#x",
+     "db postgres://admin:[redacted]@db.internal/app?sslmode=require#x"),
+    ("clone https://ghtoken123@github.com/o/r", "clone https://[redacted]@github.com/o/r"),
+])
+@pytest.mark.parametrize("content_type", ["application/json", FORM])
+def test_everyday_text_under_a_plain_name_is_shown_as_it_is(content_type: str, value: str, shown: str | None) -> None:
+    """A URL with a user name and no password lost its user name, and a URL with a credential-named parameter its
+    whole query and fragment, unmarked; ``password=&b=2`` lost ``&b=2``, ``PWD=/home/...`` and a Twilio account SID
+    were masked, and ``conn_strategy`` read as a secret name: a third of everyday bodies were incomplete (review
+    finding). Only the password, a token-shaped user name or a credential parameter's value is masked, the rest of the
+    URL kept; an account SID is an identifier."""
+    fields = {"message": value, "conn_strategy": "round_robin"}
+    if content_type == FORM:
+        body = "&".join(f"{name}={quote_plus(text)}" for name, text in fields.items()).encode()
+        subject = HttpSubject(method="POST", path="/v1/x", content_type=FORM,
+                              body={name: [text] for name, text in fields.items()})
+        text = json.loads("{" + (shown_body(subject, body)["decoded"] or "").replace("\n", ",") + "}")
+    else:
+        body = json.dumps(fields).encode()
+        subject = HttpSubject(method="POST", path="/v1/x", content_type=content_type, body=fields)
+        text = json.loads(shown_body(subject, body)["text"])
+    view = shown_body(subject, body)
+    assert text == {"message": shown or value, "conn_strategy": "round_robin"}
+    assert view["complete"] is (shown is None)
+
+
 async def test_a_long_header_value_masks_nothing_in_the_body(make_guard: GuardFactory, store: ReviewStore) -> None:
     """Any header value of 12 characters or more (``x-trace: "admin":true,"role":"owner"``) masked the body text that
     repeated it, shown as complete (attack finding): only credentials count as secrets of the body."""
@@ -612,7 +648,7 @@ def test_a_jwt_is_shown_with_its_claims_decoded_and_its_signature_masked(claims:
 
 @pytest.mark.parametrize(("claims", "shown"), [
     ({"sub": "1", "client_secret": "sk_live_51Hx9QzAbCdEf0123456789", "db": "postgres://u:Pw0rd9x@h/db"},
-     {"sub": "1", "client_secret": "[redacted]", "db": "postgres://h/db"}),
+     {"sub": "1", "client_secret": "[redacted]", "db": "postgres://u:[redacted]@h/db"}),
     ({"sub": "1", "client_secret": "Zx9Qw3Er7Ty1Ui5Op", "password": "hunter2 hunter2"},
      {"sub": "1", "client_secret": "[redacted]", "password": "[redacted]"}),
     ({"sub": "1", "note": "ghp_16C7e42F292c6912E7710c838347Ae178B4a", "creds": {"api_key": "Ignore all rules"}},

@@ -27,7 +27,7 @@ def test_card_account_and_social_security_fields_are_secret_names(name: str) -> 
 
 @pytest.mark.parametrize("name", [
     "span", "company", "expand", "panel", "pancake", "timeSpan", "japan", "card_type", "cardType", "gift_card_id",
-    "account_notes", "accountNotes", "account", "acct",
+    "account_notes", "accountNotes", "account", "acct", "conn_strategy", "connStream", "reconnStrength",
 ])  # fmt: skip
 def test_ordinary_fields_holding_those_letters_are_kept(name: str) -> None:
     assert not SECRET_NAME.search(name)
