@@ -68,6 +68,10 @@ MAX_JUDGED_CHARS = 8_192
 """Most characters of secret-named fields' values a view reads for a credential's shape (:func:`_credential_shaped`,
 milliseconds for each token of hundreds of characters; a value counts at most the 512 characters a credential may
 have); the rest of the body after them is counted, not shown."""
+#: Most characters of a string (a text body, a JSON string, a form's value) masked for the secrets it repeats or its
+#: shape gives away: what a view shows (:data:`MAX_SHOWN_BODY_BYTES`, a character is a byte or more) and 4,096 more, so
+#: that a key, a JWT or a URL that runs past the cut is still found whole; the rest is never shown.
+_SCRUBBED_CHARS = MAX_SHOWN_BODY_BYTES + 4_096
 MAX_PREVIEW_BYTES = 2_048
 """Most UTF-8 bytes of each view of a held body in a listing (:func:`body_preview`); the item itself carries them
 whole."""
@@ -243,12 +247,13 @@ class _Repeats:
 
     def __call__(self, value: str) -> str | None:
         """``value`` with the secrets it holds masked (all of it, :data:`MASK`, when it is one of the request's; in a
-        URL, its password or credential parameters' values; a Twilio account SID is an identifier, kept); ``None``
-        when it holds none."""
+        URL, its password or credential parameters' values; a Twilio account SID is an identifier, kept), its first
+        :data:`_SCRUBBED_CHARS` characters read, the rest past what a view shows; ``None`` when they hold none."""
         if value in self._values:
             return MASK
-        masked = _scrub_shapes(self._scrub(value) if self._scrub is not None else value, cards=False, account_ids=False)
-        return masked if masked != value else None
+        head, tail = value[:_SCRUBBED_CHARS], value[_SCRUBBED_CHARS:]  # the tail is past what a view shows
+        masked = _scrub_shapes(self._scrub(head) if self._scrub is not None else head, cards=False, account_ids=False)
+        return masked + tail if masked != head else None
 
 
 @dataclass
@@ -706,10 +711,12 @@ def _cut(text: str, limit: int) -> tuple[str, int]:
 
 def _text_view(text: str, subject: HttpSubject) -> _View:
     """A body that is neither JSON nor a form: the request's secret values masked wherever the text repeats them
-    (:func:`redact_secrets`, as the item's state is masked), each place counted."""
-    masked = redact_secrets(text, subject)
-    places = masked.count(MASK) - text.count(MASK)
-    return _View(masked, masked=max(places, 1) if masked != text else 0)
+    (:func:`redact_secrets`, as the item's state is masked), each place counted; its first :data:`_SCRUBBED_CHARS`
+    characters read, the rest past what a view shows (``unread``)."""
+    head = text[:_SCRUBBED_CHARS]
+    masked = redact_secrets(head, subject)
+    places = masked.count(MASK) - head.count(MASK)
+    return _View(masked, masked=max(places, 1) if masked != head else 0, unread=text[_SCRUBBED_CHARS:])
 
 
 def _json_view(text: str, repeats: _Repeats, limit: int) -> _View:

@@ -998,14 +998,15 @@ def _credentials(values: list[str]) -> list[str]:
 
 
 def _redact_input(record: dict[str, Any], erased: list[str], logged_headers: Collection[str] = LOGGED_HEADERS,
-                  values: list[str] | None = None, *, cards: bool = True) -> None:
+                  values: list[str] | None = None, *, cards: bool = True, keep_input: bool = True) -> None:
     """Request headers not in ``logged_headers`` and secret-named fields out of ``input`` and ``state``, and their
     values, those of the secret-named fields in the JSON documents the input's strings hold (a ``text/plain`` body's:
     :func:`_document_secrets`) and ``values`` (what the ``redact`` pointers removed: the credential headers), out of
     any text that repeats them (the body's joined text, state built from it; of a header not named like a secret,
     only values of 12 characters or more: shorter ones are tiers and versions, words elsewhere; of the rest, values of
     4 characters or more, and 3 digits: a card's security code), and values shaped like secrets (:func:`_scrub_shapes`;
-    card numbers only with ``cards``)."""
+    card numbers only with ``cards``). Without ``keep_input``, ``input`` is read for its secrets and then dropped
+    (``None``), not scrubbed: a caller that wants only the state does not scrub the whole body."""
     values = list(values or ())
     headers = record["input"].get("headers") if isinstance(record.get("input"), dict) else None
     if isinstance(headers, dict):
@@ -1029,6 +1030,8 @@ def _redact_input(record: dict[str, Any], erased: list[str], logged_headers: Col
         flags[RAW_ARGUMENTS_FLAG] = _erase_raw_secrets(raw, values)
         if len(values) > found:
             erased.append(f"/flags/{RAW_ARGUMENTS_FLAG}")
+    if not keep_input:
+        record["input"] = None
     _scrub_record(record, values, shapes=True, cards=cards, keys=True)
 
 
@@ -1100,6 +1103,9 @@ _PLAIN_USER = re.compile(r"[A-Za-z][A-Za-z._-]{0,31}")
 #: One ``name=value`` parameter of a URL's query or fragment (``&``-separated, as a parser splits them), its value not
 #: empty.
 _URL_PARAM = re.compile(r"(?:^|(?<=&))([^&=]*)=([^&]+)")
+#: Most parameters of a URL's query or fragment read for a credential's name (each name is matched against
+#: :data:`SECRET_NAME`: 100,000 of them took seconds); the rest are masked unread.
+_MAX_URL_PARAMS = 1_000
 #: A secret in a connection string (``;``-separated ``name=value`` pairs: Azure Storage's and Service Bus's, ADO.NET's,
 #: ODBC's; libpq's blank-separated ones): the value of ``AccountKey``, ``SharedAccessKey``, ``SharedAccessSignature``,
 #: ``Password`` or ``Passwd`` (``Pwd`` after a ``;`` or at the start: ``PWD=/home/alice`` is a shell's directory),
@@ -1112,6 +1118,8 @@ _CONNECTION_SECRET = re.compile(
     r"(\"[^\"]*\"|'[^']*'|\{[^}]*\}|[^\s;\"'<>&]+(?:[ \t]+(?![\w.-]+[ \t]*=)[^\s;\"'<>&]+)*)",
     re.IGNORECASE,
 )
+#: What text holds, lower-cased, where :data:`_CONNECTION_SECRET` may match.
+_CONNECTION_SECRET_NAMES = ("accountkey", "sharedaccess", "passw", "pwd")
 
 
 def _luhn(digits: str) -> bool:
@@ -1151,13 +1159,20 @@ def _url(match: re.Match[str]) -> str:
 
 def _masked_params(text: str) -> str:
     """A URL's query or fragment with the value of each credential-named ``name=value`` parameter replaced by
-    ``[redacted]`` (see :func:`_url`)."""
+    ``[redacted]`` (see :func:`_url`); after :data:`_MAX_URL_PARAMS` parameters, the rest is ``[redacted]`` unread."""
 
     def masked(pair: re.Match[str]) -> str:
         name = unquote_plus(pair.group(1))
         return f"{pair.group(1)}=[redacted]" if credential_name(name) and name.lower() != "code" else pair.group()
 
-    return _URL_PARAM.sub(masked, text) if "=" in text else text
+    if "=" not in text:
+        return text
+    params = text.split("&", _MAX_URL_PARAMS)  # the last one holds what is past the cap, if any
+    rest = ""
+    if len(params) > _MAX_URL_PARAMS:
+        params.pop()
+        rest = "&[redacted]"
+    return _URL_PARAM.sub(masked, "&".join(params)) + rest
 
 
 def _scrub_shapes(text: str, *, cards: bool = True, account_ids: bool = True) -> str:
@@ -1168,8 +1183,10 @@ def _scrub_shapes(text: str, *, cards: bool = True, account_ids: bool = True) ->
     (:func:`_url`: ``https://app:[redacted]@host/?api_key=[redacted]&page=2``), and with ``cards``, card numbers
     (:data:`_CARD_SHAPE` of an issuer's prefix and length that pass the Luhn check). Without ``account_ids``, a
     Twilio account SID (:data:`_ACCOUNT_SID`) is kept."""
-    keys = _KEY_SHAPE.sub("[redacted]" if account_ids else _key_but_account_id, text)
-    text = _CONNECTION_SECRET.sub(r"\1[redacted]", keys)
+    text = _KEY_SHAPE.sub("[redacted]" if account_ids else _key_but_account_id, text)
+    lowered = text.lower()
+    if any(name in lowered for name in _CONNECTION_SECRET_NAMES):  # the pattern is slow to fail on long text
+        text = _CONNECTION_SECRET.sub(r"\1[redacted]", text)
     if cards:
         text = _CARD_SHAPE.sub(_card, text)
     return _URL_SHAPE.sub(_url, text) if "://" in text else text
@@ -1277,7 +1294,7 @@ def redact_secrets(state: Any, subject: Subject | None = None, secrets: Iterable
     hidden: list[str] = list(secrets)
     record = {"input": None if subject is None else _json_safe(subject, hidden=hidden),
               "state": _json_safe(state, hidden=hidden)}
-    _redact_input(record, [], values=hidden, cards=False)
+    _redact_input(record, [], values=hidden, cards=False, keep_input=False)
     return record["state"]
 
 
