@@ -1063,7 +1063,9 @@ def _spellings(values: list[str]) -> list[str]:
 #: API key and account SIDs (``SK``, ``AC`` and 32 small hex digits: identifiers, redacted as AWS key ids are; a Twilio
 #: secret has no shape to find), Mailgun keys (``key-`` and 32), Shopify access tokens and shared secrets (``shpat_``,
 #: ``shpca_``, ``shpss_`` and 32; these four not followed by another letter or digit, so a longer hex value, a SHA-1
-#: after ``key-``, is no key) and JSON Web Tokens (``eyJ...`` header and payload, and the signature).
+#: after ``key-``, is no key), JSON Web Tokens (``eyJ...`` header and payload, and the signature), PEM private keys
+#: (``-----BEGIN ... PRIVATE KEY-----`` to its ``END`` line, 16 KB at most, or the base64 after it where none follows)
+#: and an Azure shared access signature's ``sig=`` after ``?``, ``&`` or ``;`` (a SAS token without its URL).
 _KEY_SHAPE = re.compile(
     r"(?<![A-Za-z0-9_-])(?:(?:AKIA|ASIA)[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}"
     r"|xox[abposr]-[A-Za-z0-9-]{10,}|xoxe[.-][A-Za-z0-9.-]{10,}|xapp-[A-Za-z0-9-]{10,}"
@@ -1072,7 +1074,9 @@ _KEY_SHAPE = re.compile(
     r"|sk-[A-Za-z0-9]{20,}|[sr]k_(?:live|test)_[A-Za-z0-9]{16,}|whsec_[A-Za-z0-9]{24,}|glpat-[A-Za-z0-9_-]{20,}"
     r"|npm_[A-Za-z0-9]{36}|hf_[A-Za-z0-9]{30,}|SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"
     r"|(?:SK|AC|key-|shp(?:at|ca|ss)_)[0-9a-f]{32}(?![0-9A-Za-z])"
-    r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*)"
+    r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----(?:[\s\S]{0,16384}?-----END [A-Z ]*PRIVATE KEY-----|[A-Za-z0-9+/=\s\\]*)"
+    r"|(?<=[?&;]sig=)[A-Za-z0-9%+/=]{20,})"
 )
 #: A Twilio account SID: an identifier that every webhook of the account carries (its auth token is the secret), kept
 #: where a reviewer reads a body (:func:`_scrub_shapes` without ``account_ids``).

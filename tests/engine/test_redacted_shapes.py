@@ -79,6 +79,11 @@ def test_ordinary_fields_holding_those_letters_are_kept(name: str) -> None:
     ("bus Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=Root;SharedAccessKey=Ab3dE6gH9jK2mN5pQ8sT=",
      "Ab3dE6gH9", "SharedAccessKeyName=Root;SharedAccessKey=[redacted]"),
     ("sql Server=db1;Database=app;User Id=sa;Password=Hunter2Pw!;", "Hunter2Pw", "User Id=sa;Password=[redacted];"),
+    ("pem -----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA7Qz3Jw\nVx9Lm2Rt8Yp==\n-----END RSA PRIVATE KEY-----\nbye",
+     "MIIEowIBAAKCAQEA", "pem [redacted]\nbye"),
+    ("pem -----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC", "MIIEvQIBADAN", "pem [redacted]"),
+    ("sas sv=2022-11-02&ss=b&sp=rw&se=2025-01-01&sig=k7Qz3JwVx9Lm2Rt8Yp4Hn6Bd1Fs5Gc0A%2BeUoWiXyZq%3D", "k7Qz3JwVx9",
+     "sp=rw&se=2025-01-01&sig=[redacted]"),
     ('sql Server=db1;User Id=sa;Password="Hunter2Pw!";', "Hunter2Pw", "User Id=sa;Password=[redacted];"),
     ("sql Server=db1;User Id=sa;Password='Hunter2Pw!';", "Hunter2Pw", "User Id=sa;Password=[redacted];"),
     ("sql Server=db1;User Id=sa;Password = Hunter2Pw!;", "Hunter2Pw", "User Id=sa;Password = [redacted];"),
@@ -111,7 +116,8 @@ def test_values_shaped_like_secrets_are_redacted_wherever_text_holds_them(text: 
     "https://shop.example.com/cart?item=3&code=SUMMER10", "4111.1111.1111.1111", "4111  1111  1111  1111",
     "s3://bucket/uploads/key-11f6ad8ec52a2984abaafd7c3b516503785c2072.json", "blob ACcafe2b01aa7142e940a2bf5755bd1305bf0f",
     "sha256 SK2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881",
-    "allow a=1&password=&b=2 style query strings", "The CLI prints `PWD=/home/alice/projects/shop` then fails",
+    "allow a=1&password=&b=2 style query strings", "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0B\n-----END PUBLIC KEY-----",
+    "query design=short&sig=1 here", "The CLI prints `PWD=/home/alice/projects/shop` then fails",
 ])  # fmt: skip
 def test_text_without_such_shapes_is_kept(text: str) -> None:
     event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"note": text}), None)
