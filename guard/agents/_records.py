@@ -493,11 +493,10 @@ def turn_history(
     policy did not allow them when the reply was judged). ``texts``: where each message's text is kept for the next
     step (:func:`~guard.agents._content.message_text`, worked out again for a message changed since). Each tool
     result carries the arguments of the call it answers (``arguments``), from the model turn that made it, and the
-    name of the tool that call named (the message's own ``name`` only when no call has its id: OpenAI's tool
-    messages carry none)."""
+    name of the tool that call named (:func:`_answered`: the message's own ``name`` only when no call has its id,
+    OpenAI's tool messages carry none; no tool when calls that share its id leave it open)."""
     out: list[TurnMessage] = []
-    called: dict[str | None, Any] = {}  # tool_call_id -> the arguments the model gave it
-    names: dict[str | None, str] = {}  # tool_call_id -> the name of the tool the model called
+    calls: dict[str | None, list[tuple[str, Any]]] = {}  # tool_call_id -> (tool name, arguments) of each call with it
     messages = state_messages(state, messages_key)
     relayed = {id(message) for message in _agent_messages(messages, subagent, trusted_system)}
     for message in messages:
@@ -510,8 +509,8 @@ def turn_history(
             cut = data.get("cut") if flagged == "stripped" and isinstance(data, Mapping) else None
             cut = cut[:MAX_CUT_CHARS] if isinstance(cut, str) else ""  # guard writes no more (a tool's own copy may)
             tool, call_id = (message.name, message.tool_call_id) if isinstance(message, ToolMessage) else added
-            tool = names.get(call_id) or tool  # the tool the model called (OpenAI's tool messages carry no name)
-            out.append(TurnMessage("tool", _text(message, texts), tool, call_id, flagged, cut, called.get(call_id)))
+            tool, arguments = _answered(calls.get(call_id), tool)
+            out.append(TurnMessage("tool", _text(message, texts), tool, call_id, flagged, cut, arguments))
         elif id(message) in relayed:
             summary = message.id is not None and message.id in summarized
             out.append(TurnMessage("agent", _text(message, texts), flagged="summarized" if summary else None))
@@ -523,15 +522,29 @@ def turn_history(
             text = _text(message, texts)
             if text:
                 out.append(TurnMessage("assistant", text))
-            called.update((call["id"], call["args"]) for call in message.tool_calls)
-            names.update((call["id"], call["name"]) for call in message.tool_calls)
+            made: dict[str | None, list[tuple[str, Any]]] = {}
+            for call in message.tool_calls:
+                made.setdefault(call["id"], []).append((call["name"], call["args"]))
+            calls.update(made)  # an id the model gives again in a later turn names that turn's calls
             blocks = server_blocks(message)
-            called.update((block.id, block.value) for block in blocks if block.kind == "call")
+            called = {block.id: block.value for block in blocks if block.kind == "call"}
             out += [TurnMessage("tool", block.value, block.name, block.id,
                                 "withheld" if server_key(message.id, block.id) in server_flagged else None,
                                 arguments=called.get(block.id))
                     for block in blocks if block.kind == "result" and (block.value or block.unread)]  # fmt: skip
     return tuple(out)
+
+
+def _answered(made: list[tuple[str, Any]] | None, name: str | None) -> tuple[str | None, Any]:
+    """The tool and arguments of the call a tool result answers, from ``made`` (the name and arguments of each call
+    the model made with the result's id; ``None``: none) and the result's own ``name`` (``None``: it has none):
+    the one call of that name, or the one call when it has none; the result's own name and no arguments when no call
+    has its id; else ``(None, None)``, not known (calls that share the id, some servers number every call ``0``, and
+    the name does not tell them apart, or no call with the id has it), so the result is no evidence."""
+    if not made:
+        return name, None
+    matching = [call for call in made if name is None or call[0] == name]
+    return matching[0] if len(matching) == 1 else (None, None)
 
 
 def conversation(

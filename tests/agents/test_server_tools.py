@@ -333,13 +333,13 @@ def test_a_code_tools_result_without_a_name_is_read_as_the_tool_the_model_called
     """OpenAI's chat format gives a tool message only the call's id: the result of the model's ``python`` call (the
     IBAN it printed reversed back) was read as an unnamed tool's, a ``tool_result``, and the payment to it ran
     unreviewed (review finding). The name is the one the model called; a result whose tool is not known at all (no
-    name, no call with its id) is no evidence either."""
+    name, no call with its id, or a name no call with its id named) is no evidence either."""
     code = {"code": f"print('{IBAN[::-1]}'[::-1])"}
     called = AIMessage(content="", tool_calls=[{"name": "python", "args": code, "id": "c1"}])
-    for result in (ToolMessage(content=IBAN, tool_call_id="c1"), ToolMessage(content=IBAN, tool_call_id="c1",
-                                                                              name="lookup")):  # fmt: skip
+    for result, name in ((ToolMessage(content=IBAN, tool_call_id="c1"), "python"),
+                         (ToolMessage(content=IBAN, tool_call_id="c1", name="lookup"), None)):  # fmt: skip
         history = turn_history({"messages": [HumanMessage("Pay my landlord the rent, 1200 EUR."), called, result]})
-        assert history[-1].tool_name == "python"
+        assert history[-1].tool_name == name
         assert trace_arguments({"recipient": IBAN}, history)["recipient"].source == "none"
     orphan = turn_history({"messages": [HumanMessage("Pay my landlord."), ToolMessage(content=IBAN, tool_call_id="c9")]})
     assert orphan[-1].tool_name is None
@@ -347,3 +347,25 @@ def test_a_code_tools_result_without_a_name_is_read_as_the_tool_the_model_called
     named = turn_history({"messages": [HumanMessage("Pay my landlord."), ToolMessage(content=IBAN, tool_call_id="c9",
                                                                                      name="get_landlord")]})  # fmt: skip
     assert trace_arguments({"recipient": IBAN}, named)["recipient"].source == "tool_result"
+
+
+def test_calls_that_share_an_id_give_each_result_its_own_tool_and_arguments() -> None:
+    """Some servers give parallel calls one id (``0``): the last call with it named every result and gave it its
+    arguments, so the IBAN the ``python`` call printed was ``get_weather``'s evidence, and a reversal tool's echo of
+    its argument was checked against the weather call's (review finding). A result takes the call of its own name
+    with that id, or the only call when it has no name; when the calls leave it open, it is no evidence."""
+    user = HumanMessage("Pay my landlord the rent, 1200 EUR.")
+    weather = {"name": "get_weather", "args": {"city": "Paris"}, "id": "0"}
+    for first in ({"name": "python", "args": {"code": f"print('{IBAN[::-1]}'[::-1])"}, "id": "0"},
+                  {"name": "reverse_string", "args": {"text": IBAN[::-1]}, "id": "0"}):  # fmt: skip
+        both = AIMessage(content="", tool_calls=[first, weather])
+        for results in ([ToolMessage(content=IBAN, tool_call_id="0", name=first["name"]),
+                         ToolMessage(content="sunny", tool_call_id="0", name="get_weather")],
+                        [ToolMessage(content=IBAN, tool_call_id="0"), ToolMessage(content="sunny", tool_call_id="0")]):
+            history = turn_history({"messages": [user, both, *results]})
+            assert trace_arguments({"recipient": IBAN}, history)["recipient"].source == "none", (first, results)
+    history = turn_history({"messages": [user, AIMessage(content="", tool_calls=[
+        {"name": "get_landlord", "args": {}, "id": "0"}, weather]), ToolMessage(content=IBAN, tool_call_id="0",
+                                                                                 name="get_landlord")]})  # fmt: skip
+    assert history[-1].tool_name == "get_landlord"
+    assert trace_arguments({"recipient": IBAN}, history)["recipient"].source == "tool_result"
