@@ -575,8 +575,8 @@ class ToolSpec(_Strict):
         "omitted: true, but false for provider code execution and well-known code, shell and calculator tools "
         "(code_execution, code_interpreter, local_shell, shell, bash, terminal, python, python_repl, calculator, "
         "python_interpreter, execute_command, run_code ...: guard.policy.provenance.CODE_TOOLS), names compared in "
-        "letters and digits only, case ignored, a namespaced one also by its parts (functions.python, "
-        "mcp__shell__bash). No list names every such tool: declare the others false.",
+        "letters and digits only, case ignored, a namespaced one also by its last part (functions.python, "
+        "mcp__shell__bash; not mcp__python__search_pypi). No list names every such tool: declare the others false.",
     )
 
 

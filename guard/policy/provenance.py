@@ -136,8 +136,11 @@ MIN_TEXT_CHARS = 3
 #: ``bash`` tool; LangChain's ``terminal``, ``Python_REPL``, ``python_repl_ast``, ``Calculator``, ``e2b_data_analysis``,
 #: ``bearly_interpreter``, ``riza_exec_python`` and ``wolfram_alpha``; smolagents' ``python_interpreter``; OpenHands'
 #: ``execute_bash`` and ``execute_ipython_cell``; Cline's ``execute_command``; Gemini CLI's ``run_shell_command``; VS
-#: Code's ``run_in_terminal``; Codex's ``container.exec``; and the common generic names (``python``, ``run_code``,
-#: ``shell_exec``, ``calc`` ...). Their results print what the model's code computed, so they are no evidence unless the
+#: Code's ``run_in_terminal``; Codex's ``container.exec``; Cursor's ``run_terminal_cmd``; mcp-run-python's
+#: ``run_python_code``; Semantic Kernel's ``SessionsPythonTool-execute_code``; Desktop Commander's
+#: ``start_process`` and ``interact_with_process``; and the common generic names (``python``, ``python3``, ``node``,
+#: ``deno``, ``run_code``, ``run_script``, ``code_executor``, ``shell_exec``, ``calc``, ``calculate``, ``evaluate``
+#: ...). Their results print what the model's code computed, so they are no evidence unless the
 #: policy's tools say ``evidence: true``. No list names every such tool: a policy declares the others
 #: ``evidence: false``.
 CODE_TOOLS = frozenset({
@@ -147,7 +150,9 @@ CODE_TOOLS = frozenset({
     "execute_bash", "execute_ipython_cell", "execute_command", "run_shell_command", "run_in_terminal", "exec",
     "run_code", "execute_code", "run_python", "execute_python", "run_javascript", "javascript", "shell_exec",
     "exec_command", "run_command", "bash_tool", "sh", "zsh", "powershell", "cmd", "ipython", "jupyter", "repl",
-    "eval", "calc", "math", "llm_math", "python_repl_tool",
+    "eval", "calc", "math", "llm_math", "python_repl_tool", "run_python_code", "run_terminal_cmd", "python3", "node",
+    "nodejs", "deno", "code_executor", "start_process", "interact_with_process", "calculate", "execute_javascript",
+    "run_script", "evaluate",
 })  # fmt: skip
 
 
@@ -599,15 +604,18 @@ def _leaves(value: Any) -> Iterable[Any]:
 
 
 _CODE_NAMES = frozenset(_NOT_ALNUM.sub("", name) for name in CODE_TOOLS)
-# What parts a namespaced tool name: functions.python, mcp__shell__bash, container.exec, tools/python, server:bash.
-_NAMESPACE = re.compile(r"__|[./:]")
+# What parts a namespaced tool name: functions.python, mcp__shell__bash, container.exec, tools/python, server:bash,
+# SessionsPythonTool-execute_code.
+_NAMESPACE = re.compile(r"__|[./:-]")
 
 
 def is_code_tool(tool: str) -> bool:
-    """Whether ``tool`` is one of :data:`CODE_TOOLS`: its name or a part of a namespaced one (``functions.python``,
-    ``mcp__shell__bash``, ``container.exec``), compared in letters and digits only, NFKC-normalised and lower-cased
-    (``Code Interpreter``, ``PythonREPL`` and ``python-repl`` are ``code_interpreter`` and ``python_repl``)."""
-    return any(_NOT_ALNUM.sub("", _fold(part)) in _CODE_NAMES for part in (tool, *_NAMESPACE.split(tool)))
+    """Whether ``tool`` is one of :data:`CODE_TOOLS`: its name or the last part of a namespaced one
+    (``functions.python``, ``mcp__shell__bash``, ``container.exec``, ``SessionsPythonTool-execute_code``; not a
+    server's or namespace's name, ``mcp__python__search_pypi``), compared in letters and digits only,
+    NFKC-normalised and lower-cased (``Code Interpreter``, ``PythonREPL`` and ``python-repl`` are
+    ``code_interpreter`` and ``python_repl``)."""
+    return any(_NOT_ALNUM.sub("", _fold(part)) in _CODE_NAMES for part in (tool, _NAMESPACE.split(tool)[-1]))
 
 
 def gives_evidence(tools: Mapping[str, ToolSpec], tool: str | None) -> bool:

@@ -533,6 +533,8 @@ def test_a_tool_that_computes_from_the_models_input_gives_no_evidence() -> None:
     # a namespaced name's part, another spelling, another framework's name (review finding: all were evidence)
     "functions.python", "mcp__shell__bash", "container.exec", "Code Interpreter", "PythonREPL", "python-repl",
     "python_interpreter", "e2b_data_analysis", "run_code", "execute_command", "shell_exec", "bash_tool", "calc",
+    "run_python_code", "run_terminal_cmd", "SessionsPythonTool-execute_code", "python3", "node", "nodejs", "deno",
+    "CodeExecutor", "code_executor", "start_process", "calculate", "execute_javascript", "run_script", "evaluate",
 ])  # fmt: skip
 def test_a_well_known_code_tool_gives_no_evidence_unless_declared(name: str) -> None:
     """A client shell, Python REPL or calculator the policy does not declare prints what the model asked for
@@ -544,6 +546,17 @@ def test_a_well_known_code_tool_gives_no_evidence_unless_declared(name: str) -> 
     assert source({"to": iban}, USER, ran, tools={name: ToolSpec(evidence=True)}) == {"to": "tool_result"}
     computed = TurnMessage("tool", "9999", name, "s2", arguments={"expression": "99*101"})
     assert source({"amount": 9999}, USER, computed) == {"amount": "none"}
+
+
+@pytest.mark.parametrize("name", [
+    "mcp__python__search_pypi", "mcp__jupyter__list_notebooks", "mcp__math__get_exchange_rates",
+    "mcp__shell__list_history", "mcp__terminal__get_status", "tools/python/lookup",
+])  # fmt: skip
+def test_a_tool_on_a_server_with_a_code_like_name_is_evidence(name: str) -> None:
+    """A lookup on a server or in a namespace named ``python`` or ``shell`` counted as code by that part, so the
+    IBAN it listed was no evidence (review finding): only the whole name and its last part count."""
+    listed = TurnMessage("tool", "Landlord: GB33BUKB20201555555555", name, "c1", arguments={"query": "landlord"})
+    assert source({"to": "GB33BUKB20201555555555"}, USER, listed) == {"to": "tool_result"}
 
 
 @pytest.mark.parametrize("arguments", [
