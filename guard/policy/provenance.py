@@ -644,11 +644,12 @@ def _repeated(history: Sequence[TurnMessage], tools: Mapping[str, ToolSpec]) -> 
 
 
 def _covers(pieces: Sequence[str], compact: str) -> bool:
-    """Whether the ``pieces`` (letters and digits only) that are in ``compact``, as given or reversed, cover every
-    character of it, wherever they are and whatever other pieces there are: a tool may join them in any order and
-    reverse some (``head="GB33BUKB"`` after ``rest="2020..."``, beside ``order="b,a"`` or a template ``{1}{0}``)."""
+    """Whether the ``pieces`` (letters and digits only) of :data:`MIN_TEXT_CHARS` or more that are in ``compact``, as
+    given or reversed, cover every character of it, wherever they are and whatever other pieces there are: a tool may
+    join them in any order and reverse some (``head="GB33BUKB"`` after ``rest="2020..."``, beside ``order="b,a"`` or a
+    template ``{1}{0}``). Shorter pieces (``page=1, per_page=10``) cover nothing: they would make most numbers."""
     covered = [False] * len(compact)
-    for form in {form for piece in pieces if piece for form in (piece, piece[::-1])}:
+    for form in {form for piece in pieces if len(piece) >= MIN_TEXT_CHARS for form in (piece, piece[::-1])}:
         at = compact.find(form)
         while at >= 0:
             covered[at : at + len(form)] = [True] * len(form)

@@ -587,6 +587,16 @@ def test_arguments_that_make_only_part_of_an_identifier_leave_the_result_evidenc
         assert source({"to": "GB33BUKB20201555555555"}, USER, listed) == {"to": "tool_result"}
 
 
+def test_short_whole_number_arguments_do_not_make_a_lookups_id_an_echo() -> None:
+    """A page, page size, count or year put together covered the digits of an id the lookup listed
+    (``page=1, per_page=10``: ticket 1010110), so the id was no evidence (review finding): pieces shorter than
+    three characters cover nothing."""
+    for arguments, listed in (({"page": 1, "per_page": 10, "status": "open"}, "1010110"),
+                              ({"year": 2020, "n": 1}, "202020201")):  # fmt: skip
+        found = TurnMessage("tool", f"Ticket {listed} open", "list_tickets", "c1", arguments=arguments)
+        assert source({"ticket": listed}, TurnMessage("user", "Reopen my ticket."), found) == {"ticket": "tool_result"}
+
+
 def test_a_number_repeats_its_calls_argument_only_under_the_same_name() -> None:
     """A lookup's count or year equal to an amount its result lists is no echo of that amount: the amount is the
     tool's; a number under the same name (a payment made again) and an identifier under any name are echoes."""
