@@ -364,7 +364,8 @@ class ClefProcessor:
                 ``do_resize`` false (every image is resized to the patch grid its tokens are counted for), a ``size``
                 (with ``min_pixels`` and ``max_pixels``) that gives no whole pixel counts ``shortest_edge`` >= 0 and
                 ``longest_edge`` >= 1, an ``image_mean`` or ``image_std`` that is neither a number nor one per
-                channel (3), or a value the processor's merge refuses (``media_kwargs``).
+                channel (3), a ``rescale_factor`` that is no finite number > 0, or a value the processor's merge
+                refuses (``media_kwargs``).
         """
         processor = self.image_processor
         errors = [
@@ -386,6 +387,8 @@ class ClefProcessor:
         if not all(_is_number(bound, int) and bound >= least for bound, least in zip(bounds, (0, 1), strict=True)):
             errors.append(FieldError("media_kwargs.size", "must give shortest_edge >= 0 and longest_edge >= 1 pixels "
                                      "(min_pixels and max_pixels set them)"))  # fmt: skip
+        if not (_is_number(settings["rescale_factor"]) and settings["rescale_factor"] > 0):
+            errors.append(FieldError("media_kwargs.rescale_factor", "must be a finite number > 0"))
         for key in ("image_mean", "image_std"):
             value = settings[key]
             channels = isinstance(value, list | tuple) and len(value) == 3 and all(map(_is_number, value))

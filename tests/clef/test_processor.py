@@ -144,6 +144,10 @@ def test_media_kwargs_size_and_resample_resize_as_the_reference_processor(golden
     ({"image_mean": [0.5, 0.5]}, "media_kwargs.image_mean"),
     ({"image_std": "wide"}, "media_kwargs.image_std"),
     ({"size": "large"}, "media_kwargs"),
+    # a factor the normalisation divides by (review finding: ZeroDivisionError)
+    ({"rescale_factor": 0.0}, "media_kwargs.rescale_factor"),
+    ({"rescale_factor": -1 / 255}, "media_kwargs.rescale_factor"),
+    ({"rescale_factor": float("inf")}, "media_kwargs.rescale_factor"),
 ])  # fmt: skip
 def test_media_kwargs_the_pixels_cannot_follow_are_refused_naming_the_key(
     golden_processor: ClefProcessor, media_kwargs: dict, field: str
