@@ -80,6 +80,8 @@ measures a 10-message turn.
 
 from __future__ import annotations
 
+import base64
+import codecs
 import math
 import re
 import unicodedata
@@ -88,6 +90,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import cached_property, lru_cache
 from typing import Any, Literal
+from urllib.parse import unquote
 
 from guard.policy.instructions import Detector, Span, find_instructions
 from guard.policy.normalize import normalize_text, remove_ignorable
@@ -657,19 +660,45 @@ def _covers(pieces: Sequence[str], compact: str) -> bool:
     return bool(compact) and all(covered)
 
 
+# A run of base64 (standard or URL-safe alphabet) or hex digits inside an argument, 8 characters or more: its decoded
+# text is what the tool may print. It starts only where a run of its characters starts, so a long run costs linear time.
+_ENCODED = re.compile(r"(?<![A-Za-z0-9+/_=-])[A-Za-z0-9+/_-]{8,}={0,2}")
+
+
+def _base64(token: str) -> bytes:
+    return base64.b64decode(token.rstrip("=") + "=" * (-len(token.rstrip("=")) % 4), altchars=b"-_", validate=True)
+
+
+def _decoded(text: str) -> list[str]:
+    """The texts a tool may print from the argument ``text`` by decoding it: its rot13 and percent-decoded forms, and
+    each base64 or hex run in it (:data:`_ENCODED`) decoded as UTF-8, where that decodes."""
+    out = [codecs.encode(text, "rot13")]
+    if "%" in text:
+        out.append(unquote(text))
+    for token in _ENCODED.findall(text):
+        for decode in (_base64, bytes.fromhex):
+            try:
+                out.append(decode(token).decode())
+            except (ValueError, UnicodeDecodeError):
+                pass
+    return out
+
+
 def _echoes(needle: _Needle, repeated: Sequence[Any]) -> bool:
     """Whether ``needle`` is among the arguments of calls in ``repeated`` (their values and the identifiers inside
     them: :func:`_repeated`), so a tool result may only repeat it. A number (not an identifier) is looked for only in
     the argument of its own name (``amount`` of a repeated payment; not ``n=100`` of a lookup whose result lists a
     payment of 100); an identifier also in a call's strings and integers, letters and digits only: joined in order,
     forwards or reversed (split into ``{"country": "GB", "rest": "33BUKB..."}`` or 4-character pieces for the tool to
-    join, ``echo 55...BG | rev``), or pieces that cover it in another order (:func:`_covers`)."""
+    join, ``echo 55...BG | rev``), or pieces that cover it in another order (:func:`_covers`); each string also as
+    it decodes (:func:`_decoded`: base64, hex, percent-encoding, rot13), after them all."""
     values = []
     for arguments in repeated:
         if needle.number is not None and needle.compact is None:
             named = isinstance(arguments, Mapping) and needle.argument in arguments
             arguments = arguments[needle.argument] if named else None
         leaves = [leaf for leaf in _leaves(arguments) if isinstance(leaf, str | int | float)]
+        leaves += [form for leaf in leaves if isinstance(leaf, str) for form in _decoded(leaf)]
         pieces = [_NOT_ALNUM.sub("", _fold(str(leaf))) for leaf in leaves if isinstance(leaf, str | int)
                   and not isinstance(leaf, bool)]  # fmt: skip
         joined = "".join(pieces)

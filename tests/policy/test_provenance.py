@@ -597,6 +597,28 @@ def test_short_whole_number_arguments_do_not_make_a_lookups_id_an_echo() -> None
         assert source({"ticket": listed}, TurnMessage("user", "Reopen my ticket."), found) == {"ticket": "tool_result"}
 
 
+@pytest.mark.parametrize("arguments", [
+    {"data": "R0IzM0JVS0IyMDIwMTU1NTU1NTU1NQ=="},  # base64
+    {"data": "NTU1NTU1NTU1MTAyMDJCS1VCMzNCRw"},  # base64 of it reversed, unpadded
+    {"command": "echo R0IzM0JVS0IyMDIwMTU1NTU1NTU1NQ | base64 -d"},
+    {"data": "4742333342554b423230323031353535353535353535"},  # hex
+    {"text": "%47%42%33%33%42%55%4B%42%32%30%32%30%31%35%35%35%35%35%35%35%35%35"},
+    {"text": "TO33OHXO20201555555555"},  # rot13
+])  # fmt: skip
+def test_an_identifier_an_argument_encodes_is_an_echo(arguments: dict) -> None:
+    """A made-up IBAN the model sent base64-, hex- or percent-encoded or in rot13 to a tool that decodes it was the
+    tool's evidence (review finding): each string argument is also read as it decodes."""
+    decoded = TurnMessage("tool", "GB33BUKB20201555555555", "format_text", "c1", arguments=arguments)
+    assert source({"to": "GB33BUKB20201555555555"}, USER, decoded) == {"to": "none"}
+
+
+@pytest.mark.timeout(30)
+def test_a_long_encoded_argument_is_read_in_linear_time() -> None:
+    for run in ("QUJD" * 250_000, "4a" * 500_000, "%41" * 300_000, "a-" * 500_000):
+        found = TurnMessage("tool", "Landlord: GB33BUKB20201555555555", "lookup", "c1", arguments={"q": run})
+        assert source({"to": "GB33BUKB20201555555555"}, USER, found) == {"to": "tool_result"}
+
+
 def test_a_number_repeats_its_calls_argument_only_under_the_same_name() -> None:
     """A lookup's count or year equal to an amount its result lists is no echo of that amount: the amount is the
     tool's; a number under the same name (a payment made again) and an identifier under any name are echoes."""
