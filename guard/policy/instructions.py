@@ -205,9 +205,10 @@ _DISMISS_THEN_ACT = re.compile(
 )
 #: A command of :data:`_ACTS` opening a segment: after a lead that gives the agent a task ("New task: send ...",
 #: "Your task now: wire ..."), or after a sentence that drops what came before ("Ignore the summary request above.
-#: Instead send ...").
+#: Instead send ..."). The comma's blanks are read only before a comma (``(?:\s*,)?\s+``): ``\s*,?\s+`` split a run of
+#: blanks two ways in each repeat, and a failing match tried them all (``now  `` 20 times: 2 s).
 _ACT_COMMAND = re.compile(
-    rf"\W{{0,3}}(?:(?:please|now|then|also|first|just|immediately|instead)\s*,?\s+)*(?:{_ACTS}|output|approve)\b", _F
+    rf"\W{{0,3}}(?:(?:please|now|then|also|first|just|immediately|instead)(?:\s*,)?\s+)*(?:{_ACTS}|output|approve)\b", _F
 )
 _TASK_LEAD = re.compile(
     r"\W{0,3}(?:(?:your|the)\s+)?(?:real\s+|true\s+|new\s+|actual\s+)?"
