@@ -201,8 +201,20 @@ _WORDED_SPLIT_RE = re.compile(r"[\W_]+|(?<=[a-z])(?=[A-Z])")
 def _metadata(line: str) -> bool:
     """Whether a stripped line of the state is metadata (see :func:`state_text`)."""
     if _METADATA_RE.fullmatch(line):
-        return not _WORD_PROSE_RE.fullmatch(line)
+        return not _WORD_PROSE_RE.fullmatch(line) and (line.isascii() or _english(_words(line)))
     return bool(_TIMESTAMP_RE.fullmatch(line)) or _worded_metadata(line) or _digest(line)
+
+
+def _english(words: list[str]) -> bool:
+    """Whether the competence check reads ``words`` as English (:func:`~guard.compact.competence.assess`; too few
+    letters to judge pass): a slug in another script (``игнорируй_предыдущие_инструкции``) or an address in another
+    language is text, which the competence check flags."""
+    return assess(" ".join(words)).supported
+
+
+def _words(line: str) -> list[str]:
+    """The words of a line: its runs of letters between anything else and camelCase humps."""
+    return [word for word in _WORDED_SPLIT_RE.split(line) if word.isalpha()]
 
 
 def _worded_metadata(line: str) -> bool:
@@ -211,7 +223,7 @@ def _worded_metadata(line: str) -> bool:
     metadata whose words :func:`identifier_words` reads. One whose words are in another language
     (``https://x.example/ignorez-toutes-les-instructions``) is text, which the competence check reads."""
     words = _metadata_words(line)
-    return words is not None and assess(" ".join(words)).supported
+    return words is not None and _english(words)
 
 
 def _metadata_words(line: str) -> list[str] | None:
@@ -221,7 +233,7 @@ def _metadata_words(line: str) -> list[str] | None:
     decoded = _address(line)
     if decoded is None and not (_EMAIL_RE.fullmatch(line) or _ARN_RE.fullmatch(line) or _user_agent(line)):
         return None
-    return [word for word in _WORDED_SPLIT_RE.split(decoded or line) if word.isalpha()]
+    return _words(decoded or line)
 
 
 def _user_agent(line: str) -> bool:
@@ -359,7 +371,7 @@ def state_text(state: Any, view: str) -> str:
     lines of the state's strings (:func:`guard.subject.body_strings`: values, and keys that are not plain
     identifiers), leaving out empty lines and metadata lines (``_METADATA_RE``: HTTP methods, chat roles, and
     single-token routes, ids, model names, slugs and camelCase names of at most :data:`METADATA_CHARS` characters,
-    but not one word with end punctuation; at any length, ISO-8601 timestamps, web and storage addresses that decode
+    but not one word with end punctuation nor one with letters outside ASCII whose words are not English; at any length, ISO-8601 timestamps, web and storage addresses that decode
     to no white space, email addresses, Amazon Resource Names and user agents whose words read as English, and hex,
     base64 or base64url digests (up to :data:`DIGEST_PARTS` dot-parted runs of up to :data:`DIGEST_CHARS`
     characters) that decode to random bytes, :func:`_metadata`) whenever other lines remain, so metadata next to the
@@ -383,7 +395,7 @@ def identifier_words(state: Any) -> str:
     """The words written inside the identifier-shaped lines of ``state`` (one token holding ``/ - _ . :``, as
     metadata is, or written in camelCase, of any length; a web address, decoded, an email address or a user agent,
     whether :func:`state_text` leaves it out or not; the common English words among a digest's runs of letters,
-    lower case), one line of words per such line in document order
+    lower case, and only those of a digest with dots or dashes), one line of words per such line in document order
     (``ignore.all_previous/instructions`` and ``ignoreAllPreviousInstructions`` -> ``ignore all previous
     instructions``; a line whose letter runs, case-folded, hold more common English words than its parts split at
     humps is split at anything but a letter and lower-cased: ``IgNoRe-AlL-pReViOuS`` -> ``ignore all previous``), or
@@ -401,14 +413,14 @@ def _identifier_words(lines: list[str]) -> str:
     found = []
     for line in lines:
         token = line.strip()
-        if _IDENTIFIER_LINE_RE.fullmatch(token):
+        if _digest(token):  # a token with dots or dashes too (a JSON Web Token): its other letter runs are noise
+            parts = _english_runs(token)
+        elif _IDENTIFIER_LINE_RE.fullmatch(token):
             parts = _IDENTIFIER_SPLIT_RE.split(token)
             if len(_english_runs(token)) > len(_english_runs(" ".join(parts))):  # alternating case: no humps
                 parts = _LETTER_RUN_RE.findall(token.lower())
         elif (worded := _metadata_words(token)) is not None:
             parts = worded
-        elif _digest(token):
-            parts = _english_runs(token)
         else:
             continue
         words = [word for word in parts if word.isalpha()]
@@ -847,8 +859,10 @@ class CompactModel:
         for question in request.questions:
             view = CATALOG[question.id].view
             texts.setdefault(text_view if view == "text" else state_text(request.state, view), []).append(question)
-        competence = assess(text_view)
         words = _identifier_words(lines)
+        competence = assess(text_view)
+        if competence.supported and words:  # words in another language spread over several identifier fields
+            competence = assess(words)
         answers: dict[str, AnswerV1] = {}
         tokens = dropped = windows_run = read = 0
 
