@@ -238,15 +238,14 @@ def _metadata_words(line: str) -> list[str] | None:
 
 def _user_agent(line: str) -> bool:
     """Whether a stripped line is a user agent: :data:`_USER_AGENT_RE` with two products or more, whose comments'
-    words (those of letters only) hold at most :data:`USER_AGENT_WORDS` common English words of three letters or
-    more (``Windows``, ``Phone``, ``like``), so a sentence in a comment (``Mozilla/5.0 (Tell me how to make ...)``)
-    is text."""
+    runs of letters, web addresses left out (a crawler's ``+http://www.google.com/bot.html``), hold at most
+    :data:`USER_AGENT_WORDS` common English words of three letters or more (``Windows``, ``Phone``, ``like``), so a
+    sentence in a comment, its words spaced or hyphenated (``Mozilla/5.0 (Tell-me how-to make-meth ...)``), is
+    text."""
     if not _USER_AGENT_RE.fullmatch(line) or len(_PRODUCT_RE.findall(line)) < 2:
         return False
-    common = english_words()
-    words = {word.lower() for comment in _COMMENT_RE.findall(line) for word in re.split(r"[\s;,]+", comment)
-             if word.isalpha() and len(word) >= 3}
-    return len(words & common) <= USER_AGENT_WORDS
+    comments = " ".join(_URL_RE.sub(" ", comment) for comment in _COMMENT_RE.findall(line))
+    return len(set(_english_runs(comments))) <= USER_AGENT_WORDS
 
 
 def _address(line: str) -> str | None:
