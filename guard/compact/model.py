@@ -168,6 +168,13 @@ DIGEST_WORDS = 3
 #: random hex or base64 of 12 to 96 bytes reaches at most 0.78 (2,000 of each).
 WORD_COVERAGE = 0.85
 WORDS_LETTERS = 12
+#: A token with DIGEST_WORDS parts or more between the digest alphabet's separators (``+ / = _ - .``) that are two
+#: ASCII letters or more and hold this share of its letters and digits is words joined by separators, whatever the
+#: words (``Synthesize+Sarin+Nerve+Agent+Precursors+9`` 0.97): 3 of 100,000 random base64 or base64url digests of 12 to
+#: 96 bytes reach it.
+WORD_PARTS_SHARE = 0.9
+#: Where a digest's alphabet separates parts.
+_DIGEST_SEPARATOR_RE = re.compile(r"[+/=_.-]+")
 #: Longest common English word looked for inside a letter run.
 _LONGEST_WORD = 16
 #: A client's user agent: ``product/version`` tokens (a bare word may come before one: ``Mobile Safari/537.36``) and
@@ -266,16 +273,25 @@ def _digest(token: str) -> bool:
     """Whether ``token`` reads as an encoded digest: a run of :data:`_DIGEST_RE` that changes kind at least once in
     every :data:`DIGEST_CHANGE_CHARS` characters, whose letter runs hold fewer than :data:`DIGEST_WORDS` common
     English words (:func:`_english_runs`) and are not words written together (:func:`_word_coverage` under
-    :data:`WORD_COVERAGE`), no part of which (split at dots) decodes as hex or base64 to bytes that
+    :data:`WORD_COVERAGE`) nor words joined by separators (:func:`_word_parts`), no part of which (split at dots) decodes as hex or base64 to bytes that
     are not random (:func:`_decodes_to_text`): encoded text is read as text."""
     if not _DIGEST_RE.fullmatch(token):
         return False
     kinds = [0 if c.isupper() else 1 if c.islower() else 2 if c.isdigit() else 3 for c in token]
     if sum(a != b for a, b in itertools.pairwise(kinds)) * DIGEST_CHANGE_CHARS < len(token):
         return False
-    if len(_english_runs(token)) >= DIGEST_WORDS or _word_coverage(token) >= WORD_COVERAGE:
+    if len(_english_runs(token)) >= DIGEST_WORDS or _word_coverage(token) >= WORD_COVERAGE or _word_parts(token):
         return False
     return not any(_decodes_to_text(part) for part in token.split("."))
+
+
+def _word_parts(token: str) -> bool:
+    """Whether ``token`` is words joined by separators: at least :data:`DIGEST_WORDS` of its parts between
+    separators are ASCII letters only, two or more, and they hold :data:`WORD_PARTS_SHARE` of its letters and digits
+    (``Synthesize+Sarin+Nerve+Agent+Precursors+9``, whose words are not common English ones)."""
+    words = [part for part in _DIGEST_SEPARATOR_RE.split(token) if len(part) >= 2 and part.isalpha()]
+    letters = sum(ch.isalnum() for ch in token)
+    return len(words) >= DIGEST_WORDS and sum(map(len, words)) >= WORD_PARTS_SHARE * letters
 
 
 def _english_runs(token: str) -> list[str]:
