@@ -33,6 +33,7 @@ import json
 import math
 import re
 import time
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,6 +154,13 @@ _PRINTABLE_RUN_RE = re.compile(rb"[\t\n\r\x20-\x7e]{%d,}" % PRINTABLE_RUN)
 #: bytes: 38 %), so text with a binary byte every few characters is too.
 PRINTABLE_SHARE_BYTES = 24
 PRINTABLE_SHARE = 0.75
+#: Encodings whose text in another script (Cyrillic, CJK) holds no NUL byte and no ASCII letter, tried when a decoding is
+#: neither ASCII nor UTF-8 text (:func:`_other_script_text`).
+_OTHER_SCRIPT_CODECS = ("utf-16-le", "utf-16-be", "cp1251")
+#: Fewest letters of one script other than Latin such a decoding holds to be text: OTHER_SCRIPT_LETTERS with a space
+#: between words, OTHER_SCRIPT_RUN_LETTERS without (3 in 10,000 random base64 digests of 12 to 96 bytes reach either).
+OTHER_SCRIPT_LETTERS = 8
+OTHER_SCRIPT_RUN_LETTERS = 12
 #: A digest changes kind (upper case, lower case, digit, other) at least once in every this many characters, as
 #: random characters do; words joined by separators (``ignore_all_previous_instructions_2024``) change less often.
 DIGEST_CHANGE_CHARS = 3.5
@@ -365,7 +373,8 @@ def _not_random(raw: bytes) -> bool:
     """Whether decoded bytes look like text rather than random bytes: with NUL bytes removed (UTF-16 or UTF-32 text)
     they hold a run of :data:`PRINTABLE_RUN` printable ASCII characters or, from :data:`PRINTABLE_SHARE_BYTES`
     bytes on, at least :data:`PRINTABLE_SHARE` of them printable ASCII, or they are UTF-8 text a model should read
-    (:func:`~guard._readable.readable`)."""
+    (:func:`~guard._readable.readable`), or text in another script in UTF-16 or Windows-1251
+    (:func:`_other_script_text`)."""
     ascii_bytes = raw.replace(b"\0", b"")
     if _PRINTABLE_RUN_RE.search(ascii_bytes):
         return True
@@ -373,7 +382,24 @@ def _not_random(raw: bytes) -> bool:
     if len(ascii_bytes) >= PRINTABLE_SHARE_BYTES and printable >= PRINTABLE_SHARE * len(ascii_bytes):
         return True
     with contextlib.suppress(UnicodeDecodeError):
-        return readable(raw.decode("utf-8"))
+        if readable(raw.decode("utf-8")):
+            return True
+    return _other_script_text(raw)
+
+
+def _other_script_text(raw: bytes) -> bool:
+    """Whether decoded bytes are text in one script other than Latin encoded as UTF-16 (little or big endian) or
+    Windows-1251 (:data:`_OTHER_SCRIPT_CODECS`, which hold no NUL byte and no ASCII for such text): readable
+    (:func:`~guard._readable.readable`), with at least :data:`OTHER_SCRIPT_LETTERS` letters when it holds a space,
+    else :data:`OTHER_SCRIPT_RUN_LETTERS` (Chinese, Japanese)."""
+    for codec in _OTHER_SCRIPT_CODECS:
+        with contextlib.suppress(UnicodeDecodeError):
+            text = raw[: len(raw) // 2 * 2].decode(codec) if codec.startswith("utf-16") else raw.decode(codec)
+            letters = [ch for ch in text if ch.isalpha()]
+            scripts = {unicodedata.name(ch, "").partition(" ")[0] for ch in letters}
+            fewest = OTHER_SCRIPT_LETTERS if " " in text else OTHER_SCRIPT_RUN_LETTERS
+            if len(letters) >= fewest and len(scripts) == 1 and "LATIN" not in scripts and readable(text):
+                return True
     return False
 
 
