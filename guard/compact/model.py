@@ -34,7 +34,7 @@ import math
 import re
 import time
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,8 +154,8 @@ _PRINTABLE_RUN_RE = re.compile(rb"[\t\n\r\x20-\x7e]{%d,}" % PRINTABLE_RUN)
 #: bytes: 38 %), so text with a binary byte every few characters is too.
 PRINTABLE_SHARE_BYTES = 24
 PRINTABLE_SHARE = 0.75
-#: Encodings whose text in another script (Cyrillic, CJK) holds no NUL byte and no ASCII letter, tried when a decoding is
-#: neither ASCII nor UTF-8 text (:func:`_other_script_text`).
+#: Encodings whose text in another script (Cyrillic, CJK) holds no NUL byte and no ASCII letter, tried when a decoding
+#: is neither ASCII nor UTF-8 text (:func:`_other_script_text`).
 _OTHER_SCRIPT_CODECS = ("utf-16-le", "utf-16-be", "cp1251")
 #: Fewest letters of one script other than Latin such a decoding holds to be text: OTHER_SCRIPT_LETTERS with a space
 #: between words, OTHER_SCRIPT_RUN_LETTERS without (3 in 10,000 random base64 digests of 12 to 96 bytes reach either).
@@ -213,11 +213,108 @@ _IDENTIFIER_SPLIT_RE = re.compile(r"[./:_-]+|(?<=[a-z])(?=[A-Z])")
 _WORDED_SPLIT_RE = re.compile(r"[\W_]+|(?<=[a-z])(?=[A-Z])")
 
 
+#: What gives a shaped line's parts from its match (``None``: not that shape after all).
+_Parts = Callable[[re.Match[str]], list[str] | None]
+
+
+def _no_parts(match: re.Match[str]) -> list[str]:
+    """A shape that holds no free text (digits, fixed names)."""
+    return []
+
+
+def _value(match: re.Match[str]) -> list[str]:
+    """A shape whose one free part is its first group (a token, a digest)."""
+    return [match[1]]
+
+
+def _parts_at(separators: str, group: int = 0) -> _Parts:
+    """The parts of a shaped line (or of its ``group``) between ``separators``, each ``name=value`` pair as two
+    parts."""
+    split = re.compile(separators)
+
+    def parts(match: re.Match[str]) -> list[str]:
+        return [part for piece in split.split(match[group]) for part in piece.split("=", 1)]
+
+    return parts
+
+
+def _basic_credentials(match: re.Match[str]) -> list[str] | None:
+    """The user name and password of ``Basic <base64 of user:password>``, or ``None`` when it decodes to anything
+    else (white space, no colon, not UTF-8)."""
+    with contextlib.suppress(ValueError):
+        credentials = base64_bytes(match[1]).decode("utf-8")
+        if ":" in credentials and not any(ch.isspace() or not ch.isprintable() for ch in credentials):
+            return credentials.split(":", 1)
+    return None
+
+
+_MONTH = "(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+_DAY = "(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
+_CLOCK = r"\d{1,2}:\d{2}(?::\d{2})?"
+_CRON_FIELD = r"[\d*/,?LW#-]+"
+_CRON_NAMES = rf"(?:{_MONTH}|{_DAY})(?:[-,](?:{_MONTH}|{_DAY}))*"
+_COOKIE_NAME = r"[\w.!#$%&'*^`|~+-]+"
+_IP = r"(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f]*:[0-9A-Fa-f:]+)"
+_LANGUAGE_TAG = r"(?:[A-Za-z]{1,8}(?:-[A-Za-z0-9]{1,8})*|\*)(?:;q=[01](?:\.\d{1,3})?)?"
+#: Request metadata of a known shape with white space or characters a one-token identifier does not hold (headers,
+#: schedules, payment and phone numbers, dates, paths): the shape's pattern, and what gives its parts (``None``:
+#: not that shape), each of which must be metadata itself or one ASCII word, and whose words :func:`identifier_words`
+#: reads, so a shape cannot carry encoded text or a sentence unread (``Bearer <base64 of an instruction>`` is text).
+_SHAPES: dict[str, tuple[re.Pattern[str], _Parts]] = {
+    "authorization": (re.compile(r"(?:Bearer|Token)\s+(\S+)", re.IGNORECASE), _value),
+    "basic authorization": (re.compile(r"Basic\s+([A-Za-z0-9+/]+=*)", re.IGNORECASE), _basic_credentials),
+    "digest with its algorithm": (re.compile(r"(?:sha(?:1|224|256|384|512)|sha3-256|md5|blake2b)[:=-](\S+)",
+                                             re.IGNORECASE), _value),
+    "image reference": (re.compile(r"[\w.:/-]+@sha256:[0-9a-f]{64}"), _parts_at("@")),
+    "entity tag": (re.compile(r'(?:W/)?"[^"\s]+"'), _parts_at('"')),
+    "cookie or parameters": (re.compile(rf"{_COOKIE_NAME}=[^\s;]*(?:;\s*{_COOKIE_NAME}(?:=[^\s;]*)?)*;?"),
+                             _parts_at(r";\s*")),
+    "accept language": (re.compile(rf"(?=.*;q=){_LANGUAGE_TAG}(?:,\s*{_LANGUAGE_TAG})+"), _parts_at(r"[,;]\s*")),
+    "address list": (re.compile(rf"{_IP}(?:,\s*{_IP})+"), _no_parts),
+    "cron schedule": (re.compile(rf"{_CRON_FIELD}(?:\s+(?:{_CRON_FIELD}|{_CRON_NAMES})){{4,5}}", re.IGNORECASE),
+                      _no_parts),
+    "masked card": (re.compile(r"(?:[*xX•]{4}[ -]?){1,3}\d{4}"), _no_parts),
+    "IBAN": (re.compile(r"[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?"), _no_parts),
+    "amount": (re.compile(r"[$€£¥]\s?\d{1,3}(?:,?\d{3})*(?:\.\d{1,2})?"), _no_parts),
+    "coordinates": (re.compile(r"-?\d{1,3}\.\d+,\s*-?\d{1,3}\.\d+"), _no_parts),
+    "phone number": (re.compile(r"(?=(?:\D*\d){7})\+?\(?\d[\d ().-]{5,18}\d"), _no_parts),
+    "version": (re.compile(r"v?\d+(?:\.\d+){1,3}(?:-[\w.-]+)?\+[\w.-]+"), _parts_at(r"\+")),
+    "media type": (re.compile(r"[\w.+-]+/[\w.+-]+(?:\s*;\s*[\w-]+=[^\s;]+)+"), _parts_at(r"\s*;\s*")),
+    "date": (re.compile(rf"(?:{_DAY}, )?\d{{1,2}} {_MONTH} \d{{4}}(?: {_CLOCK})?(?: (?:GMT|UTC|[+-]\d{{4}}))?"
+                        rf"|(?:{_TIMESTAMP_RE.pattern}) ?(?:UTC|GMT)"
+                        rf"|\d{{1,2}}/\d{{1,2}}/\d{{2,4}}(?:,? {_CLOCK}(?: ?[AP]M)?)?", re.IGNORECASE), _no_parts),
+    "windows path": (re.compile(r"[A-Za-z]:\\([^\s\\]+(?:\\[^\s\\]+)*)\\?"), _parts_at(r"\\", 1)),
+    "numbered reference": (re.compile(r"[A-Za-z]+ ?#\s?[\w-]*\d[\w-]*"), _parts_at(r"\s*#\s*|\s+")),
+}
+
+
 def _metadata(line: str) -> bool:
     """Whether a stripped line of the state is metadata (see :func:`state_text`)."""
     if _METADATA_RE.fullmatch(line):
         return not _WORD_PROSE_RE.fullmatch(line) and (line.isascii() or _english(_words(line)))
-    return bool(_TIMESTAMP_RE.fullmatch(line)) or _worded_metadata(line) or _digest(line)
+    return bool(_TIMESTAMP_RE.fullmatch(line)) or _worded_metadata(line) or _digest(line) or _shaped_metadata(line)
+
+
+def _shape_parts(line: str) -> list[str] | None:
+    """The parts of a stripped line of one of the :data:`_SHAPES`, or ``None`` for any other line."""
+    for pattern, parts in _SHAPES.values():
+        if (match := pattern.fullmatch(line)) is not None:
+            return parts(match)
+    return None
+
+
+def _shaped_metadata(line: str) -> bool:
+    """Whether a stripped line is one of the :data:`_SHAPES` whose parts are each empty, one ASCII word or metadata
+    themselves (:func:`_metadata`: a digest that decodes to random bytes, an id) and whose words read as English."""
+    parts = _shape_parts(line)
+    if parts is None or not all(not part or (part.isascii() and part.isalpha()) or _metadata(part) for part in parts):
+        return False
+    return _english(_shape_words(parts))
+
+
+def _shape_words(parts: list[str]) -> list[str]:
+    """The words of a shaped line's parts: a part of letters, or the words :func:`identifier_words` reads in it."""
+    return [word for part in parts for word in ([part] if part.isalpha() else _token_words(part))]
 
 
 def _english(words: list[str]) -> bool:
@@ -281,8 +378,8 @@ def _digest(token: str) -> bool:
     """Whether ``token`` reads as an encoded digest: a run of :data:`_DIGEST_RE` that changes kind at least once in
     every :data:`DIGEST_CHANGE_CHARS` characters, whose letter runs hold fewer than :data:`DIGEST_WORDS` common
     English words (:func:`_english_runs`) and are not words written together (:func:`_word_coverage` under
-    :data:`WORD_COVERAGE`) nor words joined by separators (:func:`_word_parts`), no part of which (split at dots) decodes as hex or base64 to bytes that
-    are not random (:func:`_decodes_to_text`): encoded text is read as text."""
+    :data:`WORD_COVERAGE`) nor words joined by separators (:func:`_word_parts`), no part of which (split at dots)
+    decodes as hex or base64 to bytes that are not random (:func:`_decodes_to_text`): encoded text is read as text."""
     if not _DIGEST_RE.fullmatch(token):
         return False
     kinds = [0 if c.isupper() else 1 if c.islower() else 2 if c.isdigit() else 3 for c in token]
@@ -412,12 +509,13 @@ def state_text(state: Any, view: str) -> str:
     lines of the state's strings (:func:`guard.subject.body_strings`: values, and keys that are not plain
     identifiers), leaving out empty lines and metadata lines (``_METADATA_RE``: HTTP methods, chat roles, and
     single-token routes, ids, model names, slugs and camelCase names of at most :data:`METADATA_CHARS` characters,
-    but not one word with end punctuation nor one with letters outside ASCII whose words are not English; at any length, ISO-8601 timestamps, web and storage addresses that decode
-    to no white space, email addresses, Amazon Resource Names and user agents whose words read as English, and hex,
-    base64 or base64url digests (up to :data:`DIGEST_PARTS` dot-parted runs of up to :data:`DIGEST_CHARS`
-    characters) that decode to random bytes, :func:`_metadata`) whenever other lines remain, so metadata next to the
-    text do not move the answer, whether they come as fields or joined into one text (a policy's ``body_text``); the
-    words inside the metadata lines are read on their own (:func:`identifier_words`).
+    but not one word with end punctuation nor one with letters outside ASCII whose words are not English; at any
+    length, ISO-8601 timestamps, web and storage addresses that decode to no white space, email addresses, Amazon
+    Resource Names and user agents whose words read as English, hex, base64 or base64url digests (up to
+    :data:`DIGEST_PARTS` dot-parted runs of up to :data:`DIGEST_CHARS` characters) that decode to random bytes, and
+    values of the known :data:`_SHAPES` whose parts are metadata, :func:`_metadata`) whenever other lines remain, so
+    metadata next to the text do not move the answer, whether they come as fields or joined into one text (a policy's
+    ``body_text``); the words inside the metadata lines are read on their own (:func:`identifier_words`).
     """
     if view != "text":
         if isinstance(state, dict) and len(state) == 1 and isinstance(next(iter(state.values())), str):
@@ -451,23 +549,25 @@ def identifier_words(state: Any) -> str:
 
 def _identifier_words(lines: list[str]) -> str:
     """:func:`identifier_words` of a state's :func:`_lines`."""
-    found = []
-    for line in lines:
-        token = line.strip()
-        if _digest(token):  # a token with dots or dashes too (a JSON Web Token): its other letter runs are noise
-            parts = _english_runs(token)
-        elif _IDENTIFIER_LINE_RE.fullmatch(token):
-            parts = _IDENTIFIER_SPLIT_RE.split(token)
-            if len(_english_runs(token)) > len(_english_runs(" ".join(parts))):  # alternating case: no humps
-                parts = _LETTER_RUN_RE.findall(token.lower())
-        elif (worded := _metadata_words(token)) is not None:
-            parts = worded
-        else:
-            continue
-        words = [word for word in parts if word.isalpha()]
-        if words:
-            found.append(words)
+    found = [words for line in lines if (words := _token_words(line.strip()))]
     return "\n".join(" ".join(words) for words in found) if sum(map(len, found)) >= IDENTIFIER_WORDS else ""
+
+
+def _token_words(token: str) -> list[str]:
+    """The words :func:`identifier_words` reads in one stripped line (``[]`` for a line of another kind)."""
+    if _digest(token):  # a token with dots or dashes too (a JSON Web Token): its other letter runs are noise
+        parts = _english_runs(token)
+    elif _IDENTIFIER_LINE_RE.fullmatch(token):
+        parts = _IDENTIFIER_SPLIT_RE.split(token)
+        if len(_english_runs(token)) > len(_english_runs(" ".join(parts))):  # alternating case: no humps
+            parts = _LETTER_RUN_RE.findall(token.lower())
+    elif (worded := _metadata_words(token)) is not None:
+        parts = worded
+    elif (shaped := _shape_parts(token)) is not None:
+        parts = _shape_words(shaped)
+    else:
+        return []
+    return [word for word in parts if word.isalpha()]
 
 
 def _strings(state: Any, levels: int = JSON_LEVELS) -> list[str]:

@@ -33,7 +33,8 @@ USER_AGENT = ("Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like G
               "Safari/537.36")
 #: Request metadata of any length that is not one short identifier: a timestamp with a UTC offset, web addresses
 #: (one with a query) and storage addresses, a SHA-256 in hex and in base64, JSON Web Tokens (jwt.io's is 155
-#: characters), an email address, an Amazon Resource Name, user agents.
+#: characters), an email address, an Amazon Resource Name, user agents, and header values, schedules, payment and phone
+#: numbers, dates, paths and references of the shapes ``guard.compact.model`` knows.
 LONG_METADATA = {
     "created_at": "2026-12-07T09:15:22.123456+00:00", "at": "2026-12-07 09:15:22",
     "callback_url": "https://hooks.example.com/services/T0001/B0002/abcdefXYZ123",
@@ -48,6 +49,18 @@ LONG_METADATA = {
     "from": "maria.lopez@brightwave.com", "user_agent": USER_AGENT,
     "mobile": ("Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0.0.0 "
                "Mobile Safari/537.36"),
+    "cookie": "session=8f14e45fceea167a5a36dedd4bea2543; Path=/; HttpOnly", "schedule": "0 */6 * * *",
+    "cron": "*/15 9-17 * * MON-FRI", "authorization": "Basic dXNlcjpwYXNzd29yZA==",
+    "bearer": "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "image_digest": "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    "image": "ghcr.io/acme/api-server@sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    "etag": 'W/"33a64df551425fcc55e4d42a148795d9f25f89d4"', "card": "**** **** **** 4242",
+    "iban": "DE89 3704 0044 0532 0130 00", "phone": "+14155550132", "phone_formatted": "+1 (415) 555-0132",
+    "version": "v2.14.3-rc.1+build.5821", "content_type": "application/json; charset=utf-8",
+    "accept_language": "en-US,en;q=0.9,de;q=0.8", "date": "Mon, 07 Dec 2026 09:15:22 GMT",
+    "logged_at": "2026-12-07 09:15:22 UTC", "us_date": "12/07/2026 09:15 AM",
+    "file": "C:\\Users\\maria\\Documents\\invoice_2026_12.pdf", "order": "Order #A-2026-004512",
+    "forwarded_for": "203.0.113.42, 198.51.100.7", "amount": "$1,234.56", "location": "37.7749,-122.4194",
 }
 
 
