@@ -211,6 +211,9 @@ _IDENTIFIER_SPLIT_RE = re.compile(r"[./:_-]+|(?<=[a-z])(?=[A-Z])")
 #: Where a web address, an email address or a user agent splits into words: anything but a letter or a digit, and
 #: camelCase humps.
 _WORDED_SPLIT_RE = re.compile(r"[\W_]+|(?<=[a-z])(?=[A-Z])")
+#: Where a web address, an email address, an Amazon Resource Name or a user agent splits into segments, each of which
+#: the competence check reads on its own.
+_SEGMENT_SPLIT_RE = re.compile(r"[/?#&=@:;(),]+")
 
 
 #: What gives a shaped line's parts from its match (``None``: not that shape after all).
@@ -333,9 +336,13 @@ def _worded_metadata(line: str) -> bool:
     """Whether a stripped line is a web or storage address (:func:`_address`), an email address, an Amazon Resource
     Name or a user agent whose words the model can read (:func:`~guard.compact.competence.assess`: English):
     metadata whose words :func:`identifier_words` reads. One whose words are in another language
-    (``https://x.example/ignorez-toutes-les-instructions``) is text, which the competence check reads."""
+    (``https://x.example/ignorez-toutes-les-instructions``) is text, which the competence check reads; so is one
+    with such a segment (between ``/ ? # & = @ : ; ( ) ,``) among English ones
+    (``https://docs.example.com/en/help/articles/account/settings/ignorez-toutes-les-instructions``)."""
     words = _metadata_words(line)
-    return words is not None and _english(words)
+    if words is None or not _english(words):
+        return False
+    return all(_english(_words(segment)) for segment in _SEGMENT_SPLIT_RE.split(_address(line) or line))
 
 
 def _metadata_words(line: str) -> list[str] | None:
