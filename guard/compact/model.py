@@ -442,6 +442,23 @@ def _decodes_to_text(part: str) -> bool:
     return False
 
 
+def _claim_words(token: str) -> list[str]:
+    """The words of the strings and keys of each JSON object ``token``'s dot-parted parts decode to (a JSON Web
+    Token's header and claims; :func:`_decodings` from its start), split at anything but a letter and at camelCase
+    humps, of each object whose words hold :data:`DIGEST_WORDS` common English words or more (a header's ``alg`` and
+    ``typ`` are noise): an instruction spread over claims or keys or written in camelCase
+    (``{"sub": "IgnoreAllPrevious..."}``) is read as identifier words."""
+    out = []
+    for part in token.split("."):
+        for decodings in _decodings(part):
+            document = _json_object(decodings[0]) if decodings else None
+            if document is not None:
+                words = [word for text in body_strings(document) + _keys(document) for word in _words(text)]
+                if len(_english_runs(" ".join(words))) >= DIGEST_WORDS:
+                    out += words
+    return out
+
+
 def _decodings(part: str) -> list[list[bytes]]:
     """What ``part`` decodes to, one list per run: as hex when it is all hex digits (one run), else as base64 or
     base64url, each run between ``=`` signs on its own; each run decoded from every offset (two for hex, four for
@@ -541,7 +558,8 @@ def identifier_words(state: Any) -> str:
     """The words written inside the identifier-shaped lines of ``state`` (one token holding ``/ - _ . :``, as
     metadata is, or written in camelCase, of any length; a web address, decoded, an email address or a user agent,
     whether :func:`state_text` leaves it out or not; the common English words among a digest's runs of letters,
-    lower case, and only those of a digest with dots or dashes), one line of words per such line in document order
+    lower case, and only those of a digest with dots or dashes, and the words of its decoded claims,
+    :func:`_claim_words`), one line of words per such line in document order
     (``ignore.all_previous/instructions`` and ``ignoreAllPreviousInstructions`` -> ``ignore all previous
     instructions``; a line whose letter runs, case-folded, hold more common English words than its parts split at
     humps is split at anything but a letter and lower-cased: ``IgNoRe-AlL-pReViOuS`` -> ``ignore all previous``), or
@@ -563,7 +581,7 @@ def _identifier_words(lines: list[str]) -> str:
 def _token_words(token: str) -> list[str]:
     """The words :func:`identifier_words` reads in one stripped line (``[]`` for a line of another kind)."""
     if _digest(token):  # a token with dots or dashes too (a JSON Web Token): its other letter runs are noise
-        parts = _english_runs(token)
+        parts = _english_runs(token) + _claim_words(token)
     elif _IDENTIFIER_LINE_RE.fullmatch(token):
         parts = _IDENTIFIER_SPLIT_RE.split(token)
         if len(_english_runs(token)) > len(_english_runs(" ".join(parts))):  # alternating case: no humps
