@@ -296,7 +296,7 @@ def test_a_malformed_calls_raw_text_is_logged_without_its_secrets(harness: Any, 
     h = harness()
     drive(make_agent(h, Turn(calls=[("pay", raw, "bad")]), Turn(text="done")), USER, thread(), "invoke")
     (logged,) = [d for d in h.decisions() if d["result"]["rule"] == "malformed_arguments"]
-    assert "Tr0ub4dor" not in str(logged) and '"[redacted]"' in logged["flags"]["raw_arguments"]
+    assert "Tr0ub4dor" not in str(logged) and "[redacted]" in logged["flags"]["raw_arguments"]
     assert "bob" in logged["flags"]["raw_arguments"] and "/flags/raw_arguments" in logged["erased"]
 
 
