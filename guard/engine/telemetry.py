@@ -720,6 +720,11 @@ WITHHELD = "[withheld: holds what a redact rule could not mask]"
 MAX_LOGGED_CHARS = 64 * 1024
 #: Put between the two halves a longer string keeps: ``{cut}`` characters left out of ``{length}``.
 LOG_CUT_MARKER = "[... cut from the log: {cut} of {length} characters ...]"
+#: Most characters of each string the decision log reads for secrets (:func:`_scrub_record`), 1 MiB (the gateway's
+#: default largest body): the rest is cut, never written unread, and :data:`LOG_UNREAD_MARKER` put in its place.
+MAX_SCRUBBED_CHARS = 1024 * 1024
+#: Put in place of what a string holds past :data:`MAX_SCRUBBED_CHARS`: ``{cut}`` characters.
+LOG_UNREAD_MARKER = "[... cut from the log unread: {cut} more characters ...]"
 
 
 def _bounded(node: Any, limit: int) -> Any:
@@ -1100,7 +1105,10 @@ _CARD_NUMBER = re.compile(
     r"4\d{12}(?:\d{3}){0,2}|(?:5[1-5]\d\d|222[1-9]|22[3-9]\d|2[3-6]\d\d|27[01]\d|2720)\d{12}|3[47]\d{13}"
     r"|(?:6011|64[4-9]\d|65\d\d)\d{12}(?:\d{3})?"
 )
-_URL_SHAPE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>\\]+")
+#: A URL: a scheme of 32 characters at most (a longer run of letters and digits before ``://``, a hex digest's, is
+#: no scheme: an unbounded one made each start in a long run read to its end, seconds on 64 KB), ``://`` and up to the
+#: next blank, quote, ``<``, ``>`` or backslash.
+_URL_SHAPE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s\"'<>\\]+")
 #: A plain user name in a URL (``git``, ``app``, ``deploy``, ``john.doe``): letters, then letters, dots, ``_`` or
 #: ``-``, 32 at most. Any other (digits, percent-encoding, a long run: ``ghtoken123``) may be a token, and is masked.
 _PLAIN_USER = re.compile(r"[A-Za-z][A-Za-z._-]{0,31}")
@@ -1233,8 +1241,9 @@ def _scrub_record(record: dict[str, Any], values: list[str], *, shapes: bool = F
     malformed call's problem, ``result.message``, ``error``, each ``policies[].error`` and each token of the
     pointers in ``result.redactions`` and ``erased``; values under 4 characters only when they are 3 digits (shorter
     ones would hit words); with ``shapes``, what :func:`_scrub_shapes` replaces too (card numbers only with
-    ``cards``); with ``keys``, a pointer token that is not a plain identifier written as :data:`KEY_PLACEHOLDER`. See
-    :class:`Scrubber` for the cost."""
+    ``cards``); with ``keys``, a pointer token that is not a plain identifier written as :data:`KEY_PLACEHOLDER`. Each
+    string is read to :data:`MAX_SCRUBBED_CHARS`, the rest cut (:data:`LOG_UNREAD_MARKER`). See :class:`Scrubber` for
+    the cost."""
     values = secret_values(values)
     values += _spellings(values)
     if not values and not shapes:
@@ -1242,7 +1251,9 @@ def _scrub_record(record: dict[str, Any], values: list[str], *, shapes: bool = F
     by_value = Scrubber(values)
 
     def scrub(text: str) -> str:
-        return _scrub_shapes(by_value(text), cards=cards) if shapes else by_value(text)
+        head = text[:MAX_SCRUBBED_CHARS]
+        cut = LOG_UNREAD_MARKER.format(cut=len(text) - len(head)) if len(text) > len(head) else ""
+        return (_scrub_shapes(by_value(head), cards=cards) if shapes else by_value(head)) + cut
 
     record["input"] = _scrub(record.get("input"), scrub)
     record["state"] = _scrub(record.get("state"), scrub)

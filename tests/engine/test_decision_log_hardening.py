@@ -18,8 +18,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from guard.engine import Guard, verdicts
 from guard.engine.telemetry import (
+    LOG_UNREAD_MARKER,
     MAX_DEPTH,
     MAX_DOCUMENT_STRINGS,
+    MAX_SCRUBBED_CHARS,
     SCRUB_MAX_VALUES,
     TOO_DEEP,
     DecisionLog,
@@ -117,6 +119,48 @@ def test_long_values_whose_starts_the_text_repeats_cost_linear_time() -> None:
         return best
 
     assert seconds(400_000) / max(seconds(100_000), 1e-3) < 9
+
+
+#: Bodies a pattern of the log's shape scrubbing read in quadratic time (review findings): a long run of hex,
+#: base64url or letters with a URL anywhere (each start in the run read to its end as a URL's scheme: 131 KB took
+#: 20 s), and ``BEGIN`` lines of a private key without their ``END`` (each tried 16 KB ahead: 1 MB took 38 s).
+#: Each as Python source, built in the child process (1 MiB does not fit a command line).
+SLOW_SHAPE_BODIES = [
+    "{'blob': 'ab' * 524_288, 'callback': 'https://example.com/hook'}",
+    "{'note': 'a' * 1_048_576 + ' https://example.com'}",
+]
+
+
+def test_shape_scrubbing_takes_linear_time_on_long_runs() -> None:
+    """Each body of :data:`SLOW_SHAPE_BODIES`, 1 MiB, logged redacted in well under a second; run in a child process
+    killed after 60 s (a bound that a loaded machine cannot reach by accident, and that a regular expression, which
+    holds the GIL and ignores signals, cannot overrun)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import io\nfrom guard.engine.telemetry import DecisionLog\nfrom guard.subject import HttpSubject, body_strings\n"
+        "from guard.verdict import Verdict\n"
+        f"for source in {SLOW_SHAPE_BODIES!r}:\n"
+        "    body = eval(source)\n"
+        "    subject = HttpSubject(method='POST', path='/', body=body, body_text='\\n'.join(body_strings(body)))\n"
+        "    DecisionLog(io.StringIO(), log_input='redacted').event(Verdict('allow', 'd1'), subject)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    try:
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the decision log did not scrub a 1 MiB body in 60 s: a shape pattern reads in quadratic time")
+
+
+def test_a_string_past_the_scrubbed_length_is_cut_unread() -> None:
+    """Past :data:`MAX_SCRUBBED_CHARS` a string is not read for secrets: the rest is cut, never written unscrubbed."""
+    body = {"note": "x" * MAX_SCRUBBED_CHARS + "AKIA" + "A" * 16}
+    subject = HttpSubject(method="POST", path="/", body=body, body_text=body["note"])
+    event = DecisionLog(io.StringIO(), log_input="redacted", max_chars=2 * MAX_SCRUBBED_CHARS).event(
+        Verdict("allow", "d1"), subject)
+    assert event["input"]["body"]["note"] == "x" * MAX_SCRUBBED_CHARS + LOG_UNREAD_MARKER.format(cut=20)
 
 
 def test_a_secret_nested_past_the_depth_cap_is_still_scrubbed_from_the_text() -> None:
