@@ -195,10 +195,11 @@ def shown_body(subject: HttpSubject, body: bytes) -> dict[str, Any]:
         media = subject.content_type or "a body without Content-Type"
         return {"size_bytes": len(body), "text": None, "decoded": None, "complete": False,
                 "not_shown": f"{len(body)} bytes of {media} {how}: not shown"}
-    if _is_json(subject, text):
-        view = _json_view(text, _Repeats(subject), MAX_SHOWN_BODY_BYTES)
-    elif subject.content_type == "application/x-www-form-urlencoded":
-        view = _form_view(text, _Repeats(subject), MAX_SHOWN_BODY_BYTES)
+    is_json = _is_json(subject, text)
+    if is_json or subject.content_type == "application/x-www-form-urlencoded":
+        repeats = _Repeats(subject)
+        view = (_json_view if is_json else _form_view)(text, repeats, MAX_SHOWN_BODY_BYTES)
+        view.cut = repeats.cut
     else:
         view = _text_view(text, subject)
     return view.shown(len(body))
@@ -244,16 +245,24 @@ class _Repeats:
         credentials = [value for name, value in pairs if credential_name(name) or credential_value(value)]
         self._values = set(secret_values([*credentials, *body_secrets(subject.body)]))
         self._scrub = Scrubber(list(self._values)) if self._values else None
+        self.cut = 0  # UTF-8 bytes of the values' rests past their head, each put as one MASK (not shown)
 
     def __call__(self, value: str) -> str | None:
         """``value`` with the secrets it holds masked (all of it, :data:`MASK`, when it is one of the request's; in a
         URL, its password or credential parameters' values; a Twilio account SID is an identifier, kept), its first
-        :data:`_SCRUBBED_CHARS` characters read, the rest past what a view shows; ``None`` when they hold none."""
+        :data:`_SCRUBBED_CHARS` characters read and any rest, unread, as one more :data:`MASK`, its bytes added to
+        ``cut`` (masking may shorten the head enough to bring the rest into what a view shows); ``None`` when they
+        hold none."""
         if value in self._values:
             return MASK
-        head, tail = value[:_SCRUBBED_CHARS], value[_SCRUBBED_CHARS:]  # the tail is past what a view shows
+        head = value[:_SCRUBBED_CHARS]
         masked = _scrub_shapes(self._scrub(head) if self._scrub is not None else head, cards=False, account_ids=False)
-        return masked + tail if masked != head else None
+        if masked == head:
+            return None  # shown as it is: what is past the head is past what a view shows too
+        if len(value) == len(head):
+            return masked
+        self.cut += len(value[len(head):].encode("utf-8"))
+        return masked + MASK
 
 
 @dataclass
@@ -266,6 +275,7 @@ class _View:
         masked: how many values (or places, in a text body) were masked outside a secret-named field's own value.
         credentials: how many secret-named fields' own values were masked as credentials (not counted as unseen).
         unread: characters of the body not read (the views were past the cut already).
+        cut: UTF-8 bytes of values past the characters read for secrets, each value's rest shown as one :data:`MASK`.
         hidden: the paths of the secret-named fields' masked values that do not read as a credential.
     """
 
@@ -275,6 +285,7 @@ class _View:
     unread: str = ""
     hidden: list[str] = field(default_factory=list)
     credentials: int = 0
+    cut: int = 0
 
     def shown(self, size: int) -> dict[str, Any]:
         """The view as an item shows it (:func:`shown_body`), for a body of ``size`` bytes."""
@@ -283,7 +294,7 @@ class _View:
         if self.decoded is not None:
             decoded, decoded_left, hidden = _shown(self.decoded)  # what escapes decode to as well
             invisible, left = max(invisible, hidden), max(left, decoded_left)
-        left += len(self.unread.encode("utf-8"))
+        left += len(self.unread.encode("utf-8")) + self.cut
         why = []
         if self.hidden:
             listed = ", ".join(self.hidden[:MAX_LISTED_PATHS])

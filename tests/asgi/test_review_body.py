@@ -865,3 +865,24 @@ def test_a_token_that_decodes_to_a_key_is_a_credential(value: str) -> None:
 def test_a_jwt_with_any_claims_is_a_credential(value: str) -> None:
     """A signed JWT reads as a credential whatever its claims: a view shows them."""
     assert _credential_shaped("token", value)
+
+
+@pytest.mark.parametrize("form", [False, True])
+def test_a_value_whose_masked_head_shrinks_never_shows_its_unread_rest(form: bool) -> None:
+    """A value's head read for secrets, 36,864 characters, was returned masked with the rest as it was: where masking
+    shortened the head (400 keys to ``[redacted]``), the unread rest fell inside the 32 KB a view shows and its
+    ``ghp_`` token and database password were in clear (review finding); the rest is one more mask."""
+    keys = " ".join(f"sk-{i:04d}{'A' * 40}" for i in range(800))  # about 37 KB, each key masked
+    tail = "deploy_token: ghp_Ab3dE6" + "x" * 32 + " db postgres://app:Hunter2Secret@db/prod"
+    fields = {"note": keys + " " + tail}
+    if form:
+        body = f"note={quote_plus(fields['note'])}".encode()
+        subject = HttpSubject(method="POST", path="/v1/x", content_type="application/x-www-form-urlencoded",
+                              body={"note": [fields["note"]]})
+    else:
+        body = json.dumps(fields).encode()
+        subject = HttpSubject(method="POST", path="/v1/x", content_type="application/json", body=fields)
+    view = shown_body(subject, body)
+    shown = (view["text"] or "") + (view["decoded"] or "")
+    assert "ghp_" not in shown and "Hunter2" not in shown and view["complete"] is False
+    assert "more bytes not shown" in view["not_shown"]
