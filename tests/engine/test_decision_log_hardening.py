@@ -123,11 +123,14 @@ def test_long_values_whose_starts_the_text_repeats_cost_linear_time() -> None:
 
 #: Bodies a pattern of the log's shape scrubbing read in quadratic time (review findings): a long run of hex,
 #: base64url or letters with a URL anywhere (each start in the run read to its end as a URL's scheme: 131 KB took
-#: 20 s), and ``BEGIN`` lines of a private key without their ``END`` (each tried 16 KB ahead: 1 MB took 38 s).
+#: 20 s), and ``BEGIN`` lines of a private key without their ``END`` (each read 16 KB ahead for one: 1 MB took 38 s).
 #: Each as Python source, built in the child process (1 MiB does not fit a command line).
 SLOW_SHAPE_BODIES = [
     "{'blob': 'ab' * 524_288, 'callback': 'https://example.com/hook'}",
     "{'note': 'a' * 1_048_576 + ' https://example.com'}",
+    "{'note': '-----BEGIN PRIVATE KEY-----!' * 37_449}",
+    "{'note': '-----BEGIN PRIVATE KEY-----' * 38_836}",
+    "{'note': '-----BEGIN PRIVATE KEY-----\\n' * 37_449}",
 ]
 
 
