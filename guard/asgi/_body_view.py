@@ -149,6 +149,11 @@ _MAX_DECODINGS = 3
 #: and cp1252 text share these bytes, so text in any of them, after random bytes, before a stray byte or NUL padding,
 #: holds such runs; random bytes hold one hardly ever (none in 100,000 random base64 keys of 24 to 128 bytes).
 _ASCII_RUN = re.compile(rb"[\x20-\x7e]{20,}")
+#: Four words or more of two letters or more, one byte that is not a letter between each two (a blank, a tab, a
+#: newline, a NUL, a Latin-1 byte): text whose words are split by bytes that end an :data:`_ASCII_RUN`
+#: (:func:`_holds_words`).
+_WORD_RUN = re.compile(rb"(?<![A-Za-z])[A-Za-z]{2,}(?:[^A-Za-z][A-Za-z]{2,}){3,}")
+_LETTERS = re.compile(rb"[A-Za-z]+")
 #: Separators a token's groups may be joined by (``SWdub3Jl-IGFsbCBw``, ``4967-6e6f``), taken out before it is decoded.
 _GROUP_SEPARATORS = re.compile(r"[-_.~]")
 _HEX_DIGITS = re.compile(r"[0-9a-fA-F]+")
@@ -484,10 +489,12 @@ def _decoded_text(value: str) -> str | None:
 def _holds_text(value: str) -> bool:
     """Whether the bytes ``value`` decodes to hold text anywhere in them, not only from the first byte as
     :func:`_decoded_text` reads it: a run of printable ASCII (:data:`_ASCII_RUN`) with two spaces or more, or at least
-    80 % letters, in the bytes of hex (from either of its first two digits) or of base64 or base64url (from any of its
-    first four characters, the characters a last partial byte takes left out), as written and with the separators of
-    groups taken out (:data:`_GROUP_SEPARATORS`). So text after random bytes (``\\xff``, a random prefix), before a
-    stray byte, with NUL padding, in Latin-1 or cp1252, or in groups is found; random bytes hardly ever are."""
+    80 % letters, or a run of common English words split by other bytes (:func:`_holds_words`), in the bytes of hex
+    (from either of its first two digits) or of base64 or base64url (from any of its first four characters, the
+    characters a last partial byte takes left out), as written and with the separators of groups taken out
+    (:data:`_GROUP_SEPARATORS`). So text after random bytes (``\\xff``, a random prefix), before a
+    stray byte, with NUL padding, in Latin-1 or cp1252, with words split by tabs or control bytes, or in groups is
+    found; random bytes hardly ever are."""
     for chars in dict.fromkeys((value.rstrip("="), _GROUP_SEPARATORS.sub("", value).rstrip("="))):
         datas = []
         if _HEX_DIGITS.fullmatch(chars):
@@ -503,6 +510,22 @@ def _holds_text(value: str) -> bool:
                 text = run.group()
                 if text.count(b" ") >= 2 or sum(chr(c).isalpha() for c in text) * 5 >= len(text) * 4:
                     return True
+            if _holds_words(data):
+                return True
+    return False
+
+
+def _holds_words(data: bytes) -> bool:
+    """Whether ``data`` holds a run of words (:data:`_WORD_RUN`) of which three or more are common English words
+    (:func:`~guard._english.english_words`) of three letters or more, with 70 % of the run's letters or more: words
+    split by tabs, newlines, NULs or other control or Latin-1 bytes; random bytes hardly ever do (none in 100,000
+    random base64 keys of 24 to 128 bytes)."""
+    common = english_words()
+    for run in _WORD_RUN.finditer(data):
+        words = _LETTERS.findall(run.group())
+        found = [word for word in words if len(word) >= 3 and word.decode("ascii").lower() in common]
+        if len(found) >= 3 and sum(map(len, found)) * 10 >= sum(map(len, words)) * 7:
+            return True
     return False
 
 
