@@ -684,29 +684,54 @@ def _decoded(text: str) -> list[str]:
     return out
 
 
-def _echoes(needle: _Needle, repeated: Sequence[Any]) -> bool:
-    """Whether ``needle`` is among the arguments of calls in ``repeated`` (their values and the identifiers inside
-    them: :func:`_repeated`), so a tool result may only repeat it. A number (not an identifier) is looked for only in
-    the argument of its own name (``amount`` of a repeated payment; not ``n=100`` of a lookup whose result lists a
-    payment of 100); an identifier also in a call's strings and integers, letters and digits only: joined in order,
-    forwards or reversed (split into ``{"country": "GB", "rest": "33BUKB..."}`` or 4-character pieces for the tool to
-    join, ``echo 55...BG | rev``), or pieces that cover it in another order (:func:`_covers`); each string also as
-    it decodes (:func:`_decoded`: base64, hex, percent-encoding, rot13), after them all."""
-    values = []
-    for arguments in repeated:
-        if needle.number is not None and needle.compact is None:
-            named = isinstance(arguments, Mapping) and needle.argument in arguments
-            arguments = arguments[needle.argument] if named else None
-        leaves = [leaf for leaf in _leaves(arguments) if isinstance(leaf, str | int | float)]
+# The forms of one repeated call's arguments an echo is looked for in (:func:`_echo_forms`), by the arguments' ``id``
+# and the top-level argument read (``None``: all); each entry keeps the arguments it was made from, so the ``id`` is
+# not reused while the cache lives (one :func:`trace_arguments` run).
+_EchoCache = dict[tuple[int, str | None], tuple[Any, tuple[list[str], str, _Prepared | None]]]
+
+
+def _echo_forms(arguments: Any, argument: str | None, cache: _EchoCache) -> tuple[list[str], str, _Prepared | None]:
+    """What :func:`_echoes` reads of one repeated call's ``arguments`` (only its top-level argument named
+    ``argument`` when that is given): the letters-and-digits-only pieces of its strings and integers and of each string's decoded forms
+    (:func:`_decoded`), those pieces joined in order, and all its values as one prepared text (``None``: no values);
+    made once per call in ``cache``."""
+    key = (id(arguments), argument)
+    hit = cache.get(key)
+    if hit is None:
+        values = arguments
+        if argument is not None:
+            values = arguments[argument] if isinstance(arguments, Mapping) and argument in arguments else None
+        leaves = [leaf for leaf in _leaves(values) if isinstance(leaf, str | int | float)]
         leaves += [form for leaf in leaves if isinstance(leaf, str) for form in _decoded(leaf)]
         pieces = [_NOT_ALNUM.sub("", _fold(str(leaf))) for leaf in leaves if isinstance(leaf, str | int)
                   and not isinstance(leaf, bool)]  # fmt: skip
-        joined = "".join(pieces)
+        prepared = _Prepared(_fold("\n".join(map(str, leaves)))) if leaves else None
+        hit = cache[key] = (arguments, (pieces, "".join(pieces), prepared))
+    return hit[1]
+
+
+def _echoes(needle: _Needle, repeated: Sequence[Any], cache: _EchoCache) -> bool:
+    """Whether ``needle`` is among the arguments of a call in ``repeated`` (their values and the identifiers inside
+    them: :func:`_repeated`), so a tool result may only repeat it; each call's forms come from ``cache``
+    (:func:`_echo_forms`). A number (not an identifier) is looked for only in the argument of its own name (``amount``
+    of a repeated payment; not ``n=100`` of a lookup whose result lists a payment of 100); an identifier also in a
+    call's strings and integers, letters and digits only: joined in order, forwards or reversed (split into
+    ``{"country": "GB", "rest": "33BUKB..."}`` or 4-character pieces for the tool to join, ``echo 55...BG | rev``),
+    or pieces that cover it in another order (:func:`_covers`); each string also as it decodes (:func:`_decoded`:
+    base64, hex, percent-encoding, rot13), after them all."""
+    argument = None
+    if needle.number is not None and needle.compact is None:
+        if needle.argument is None:  # a number inside a composed text: no argument of its name
+            return False
+        argument = needle.argument
+    for arguments in repeated:
+        pieces, joined, prepared = _echo_forms(arguments, argument, cache)
         if needle.compact is not None and (needle.compact in joined or needle.compact[::-1] in joined
                                            or _covers(pieces, needle.compact)):  # fmt: skip
             return True
-        values.extend(map(str, leaves))
-    return bool(values) and _found(needle, _prepare("\n".join(values)))
+        if prepared is not None and _found(needle, prepared):
+            return True
+    return False
 
 
 def _as_written(value: _Value, text: str) -> bool:
@@ -722,9 +747,11 @@ def _source_of(
     trusted: Sequence[_Prepared],
     detector: Detector,
     repeated: Sequence[tuple[Any, ...] | None],
+    echoes: _EchoCache,
 ) -> ArgumentSource:
     """Where ``value`` came from (the module docstring's precedence): a source that vouches for it holds it as
-    written, a flagged one as guard's normaliser reads both; ``repeated`` is :func:`_repeated` of ``history``."""
+    written, a flagged one as guard's normaliser reads both; ``repeated`` is :func:`_repeated` of ``history``,
+    ``echoes`` the run's cache of its calls' forms (:func:`_echo_forms`)."""
     written, read = value.written, value.read
     if any(_found(written, _prepare(m.text)) for m in history if m.role == "user"):
         return ArgumentSource("user")
@@ -757,7 +784,7 @@ def _source_of(
         if flagged.text and _found(read, flagged):
             return ArgumentSource("flagged_tool_result", message.tool_name, message.tool_call_id)
         if (plain is None and _found(read, ordinary) and _as_written(value, message.text)
-                and repeats is not None and not _echoes(written, repeats)):
+                and repeats is not None and not _echoes(written, repeats, echoes)):
             plain = ArgumentSource("tool_result", message.tool_name, message.tool_call_id)
     return plain or relayed or ArgumentSource("none")
 
@@ -788,17 +815,18 @@ def trace_arguments(
         return out
     trusted_prepared = [_prepare(t) for t in trusted]
     repeated = _repeated(history, tools or {})
+    echoes: _EchoCache = {}
     for name, value in arguments.items():
         worst: ArgumentSource | None = None
         for leaf in _leaves(value):
             traced = _value(leaf, name)
             if traced is None:
                 continue
-            found = _source_of(traced, history, trusted_prepared, detector, repeated)
+            found = _source_of(traced, history, trusted_prepared, detector, repeated, echoes)
             if found.source == "none":  # composed text: its links, addresses, names and codes are traced one by one
                 inner = _embedded(leaf)
                 if inner:
-                    found = max((_source_of(v, history, trusted_prepared, detector, repeated) for v in inner),
+                    found = max((_source_of(v, history, trusted_prepared, detector, repeated, echoes) for v in inner),
                                 key=lambda f: _RANK[f.source])
             if worst is None or _RANK[found.source] > _RANK[worst.source]:
                 worst = found

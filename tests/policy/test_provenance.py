@@ -633,3 +633,24 @@ def test_a_number_repeats_its_calls_argument_only_under_the_same_name() -> None:
     checked = TurnMessage("tool", "account 20201555555555 is valid", "check_account", "c4",
                           arguments={"account": "20201555555555"})
     assert source({"to": "20201555555555"}, USER, checked) == {"to": "none"}
+
+
+def test_each_earlier_calls_arguments_are_decoded_once_per_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every argument traced re-decoded every earlier call's arguments for every tool result (28.8 s for one 1 MB
+    upload and 50 lookups; review finding): one trace decodes each call's strings once, and still finds the echo."""
+    from guard.policy import provenance
+
+    decoded: list[str] = []
+    real = provenance._decoded
+    monkeypatch.setattr(provenance, "_decoded", lambda text: decoded.append(text) or real(text))
+    ids = [f"ACC{k:09d}" for k in range(4)]
+    upload = TurnMessage("tool", "uploaded", "upload_backup", "u1", arguments={"data": "6576696c2e696f " * 50})
+    lookups = [TurnMessage("tool", f"Accounts {' '.join(ids)}", "lookup_account", f"c{i}",
+                           arguments={"q": f"{ids[i]} {i}"}) for i in range(4)]  # fmt: skip
+    tools = {"lookup_account": ToolSpec(effect="read_only")}
+    found = trace_arguments({f"a{k}": ids[k] for k in range(4)}, (USER, upload, *lookups), tools=tools)
+    assert {name: (f.source, f.tool_call_id) for name, f in found.items()} == {
+        "a0": ("tool_result", "c3"), "a1": ("tool_result", "c3"), "a2": ("tool_result", "c3"),
+        "a3": ("tool_result", "c2"),  # c3 looked it up: its result only repeats it
+    }  # fmt: skip
+    assert len(decoded) == len(set(decoded)) == 3  # the upload's, c3's and c2's arguments
