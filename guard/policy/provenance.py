@@ -85,7 +85,7 @@ import codecs
 import math
 import re
 import unicodedata
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import cached_property, lru_cache
@@ -132,6 +132,9 @@ DETECTOR_MAX_CHARS = 200_000
 CACHED_TEXTS = 2048
 #: Shortest value (normalised characters) matched as text; shorter strings are found anywhere and carry no evidence.
 MIN_TEXT_CHARS = 3
+#: Different identifiers inside one composed text (:func:`_embedded`) traced one by one; a text holding more (a
+#: command pinging thousands of addresses, each traced through the whole history) is traced to no source.
+MAX_EMBEDDED = 256
 #: Tools that compute their output from the model's input, by name (:func:`is_code_tool` compares them): provider code
 #: execution (Anthropic's ``code_execution`` and, from 2025-08-25, ``bash_code_execution`` and
 #: ``text_editor_code_execution``, Google's ``code_execution``, OpenAI's ``code_interpreter`` and its shells,
@@ -569,16 +572,21 @@ def _embedded(value: Any) -> list[_Value] | None:
     """The identifiers inside a string leaf that are not the whole of it (a link or address in a composed body),
     found in the leaf as a host name reads (:func:`_as_host`: ``bob@example.com<soft hyphen>.evil.io`` is one address
     under ``evil.io``); ``None`` when an address, host name or URL runs on into a character next to it
-    (:func:`_runs_on`: ``example.com`` and U+0F0B or U+0334 is another host), so the leaf cannot be traced by them."""
+    (:func:`_runs_on`: ``example.com`` and U+0F0B or U+0334 is another host), or when it holds more than
+    :data:`MAX_EMBEDDED` different ones, so the leaf cannot be traced by them; each is given once."""
     if not isinstance(value, str) or len(value) < 2 * MIN_TEXT_CHARS:
         return []
     text = _as_host(value)
+    tokens: set[str] = set()
     out = []
     for match in _EMBEDDED.finditer(text):
         if not match.group().isalnum() and _runs_on(text, match.start(), match.end()):
             return None
         token = match.group().rstrip(".,;:!?")
-        if token.strip() != text.strip():
+        if token.strip() != text.strip() and token not in tokens:
+            tokens.add(token)
+            if len(tokens) > MAX_EMBEDDED:
+                return None
             found = _value(token)
             if found is not None:
                 out.append(found)
@@ -816,22 +824,37 @@ def trace_arguments(
     trusted_prepared = [_prepare(t) for t in trusted]
     repeated = _repeated(history, tools or {})
     echoes: _EchoCache = {}
-    for name, value in arguments.items():
-        worst: ArgumentSource | None = None
+
+    def source_of(value: _Value) -> ArgumentSource:
+        return _source_of(value, history, trusted_prepared, detector, repeated, echoes)
+
+    def leaf_sources(name: str, value: Any) -> Iterator[ArgumentSource]:
         for leaf in _leaves(value):
             traced = _value(leaf, name)
             if traced is None:
                 continue
-            found = _source_of(traced, history, trusted_prepared, detector, repeated, echoes)
+            found = source_of(traced)
             if found.source == "none":  # composed text: its links, addresses, names and codes are traced one by one
                 inner = _embedded(leaf)
                 if inner:
-                    found = max((_source_of(v, history, trusted_prepared, detector, repeated, echoes) for v in inner),
-                                key=lambda f: _RANK[f.source])
-            if worst is None or _RANK[found.source] > _RANK[worst.source]:
-                worst = found
-        out[name] = worst if worst is not None else ArgumentSource("user", matched=False)
+                    found = _weakest(map(source_of, inner)) or found
+            yield found
+
+    for name, value in arguments.items():
+        out[name] = _weakest(leaf_sources(name, value)) or ArgumentSource("user", matched=False)
     return out
+
+
+def _weakest(found: Iterable[ArgumentSource]) -> ArgumentSource | None:
+    """The first of the weakest sources in ``found`` (:data:`SOURCES`' order; ``None`` when there is none), read only
+    until a ``flagged_tool_result``, than which none is weaker."""
+    worst: ArgumentSource | None = None
+    for source in found:
+        if worst is None or _RANK[source.source] > _RANK[worst.source]:
+            worst = source
+        if source.source == SOURCES[-1]:
+            break
+    return worst
 
 
 def resolved_effect(

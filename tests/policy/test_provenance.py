@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from guard.policy.instructions import find_instructions, strip_spans
-from guard.policy.provenance import ToolSpec, call_features, result_features, trace_arguments
+from guard.policy.provenance import MAX_EMBEDDED, ToolSpec, call_features, result_features, trace_arguments
 from guard.subject import TurnMessage
 
 BILL = (
@@ -654,3 +654,16 @@ def test_each_earlier_calls_arguments_are_decoded_once_per_trace(monkeypatch: py
         "a3": ("tool_result", "c2"),  # c3 looked it up: its result only repeats it
     }  # fmt: skip
     assert len(decoded) == len(set(decoded)) == 3  # the upload's, c3's and c2's arguments
+
+
+@pytest.mark.timeout(30)
+def test_a_text_holding_many_identifiers_traces_each_once_and_too_many_to_no_source() -> None:
+    """Every identifier of a composed text was traced through the whole history, repeats too (a 90 KB ping of 8,000
+    addresses took 8.2 s; review finding): each is traced once, and a text holding more than ``MAX_EMBEDDED``
+    different ones is traced to no source, even when the user gave them all."""
+    hosts = [f"h{i}.example.io" for i in range(MAX_EMBEDDED + 1)]
+    user = TurnMessage("user", "Check these hosts: " + ", ".join(hosts))
+    pages = [tool("lorem ipsum dolor sit amet " * 2000, call_id=f"c{i}") for i in range(10)]
+    assert source({"command": "ping " + " ".join(hosts[:-1])}, user, *pages) == {"command": "user"}
+    assert source({"command": "ping " + " ".join(hosts)}, user, *pages) == {"command": "none"}
+    assert source({"command": "ping " + " h1.example.io" * 11_000}, user, *pages) == {"command": "user"}
