@@ -667,3 +667,17 @@ def test_a_text_holding_many_identifiers_traces_each_once_and_too_many_to_no_sou
     assert source({"command": "ping " + " ".join(hosts[:-1])}, user, *pages) == {"command": "user"}
     assert source({"command": "ping " + " ".join(hosts)}, user, *pages) == {"command": "none"}
     assert source({"command": "ping " + " h1.example.io" * 11_000}, user, *pages) == {"command": "user"}
+
+
+@pytest.mark.parametrize(("asked", "command"), [
+    ("Refactor utils.py and commit it", 'git add utils.py && git commit -m "Refactor helpers, e.g. rename them."'),
+    ("Commit the fix to parser.py", 'git commit parser.py -m "Fix bug (i.e. off by one)."'),
+    ("Back up my .bashrc and edit setup.sh", "cp ~/.bashrc ~/.bashrc.bak && nano setup.sh"),
+    ("Copy .env.example to .env and start app.py", "cp .env.example .env && python3 app.py"),
+    ("Run report.py for the U.S. region", 'python report.py --title "U.S. sales at 9 a.m."'),
+])  # fmt: skip
+def test_abbreviations_and_hidden_files_in_a_command_are_no_host_names(asked: str, command: str) -> None:
+    """``e.g.``, ``i.e.``, ``a.m.``, ``U.S.`` (a one-letter last label) and a hidden file's name after its leading dot
+    (``~/.bashrc.bak``) were read as host names no source held, so the user's own command was none (review
+    finding): a host name's last label has two characters or more and it does not start at a leading dot."""
+    assert source({"command": command}, TurnMessage("user", asked)) == {"command": "user"}
