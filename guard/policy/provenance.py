@@ -238,21 +238,26 @@ _COMMA_NUMBER = re.compile(
     r"(?!\w|[.,]\d)"
 )
 _IDENTIFIER = re.compile(r"(?=.*\d)[A-Za-z0-9][A-Za-z0-9 .\-/]*")
-# Identifiers inside a longer text the model wrote: URLs, e-mail addresses, file and host names, IPv4 and bracketed
-# IPv6 addresses, account-like codes (IBANs, ids). A host name may start after a dot that follows no label
-# (``x''.evil.io``, ``${H}.evil.io``, ``...evil.io``: :func:`_runs_on` then makes the leaf none), but not at a hidden
-# file's leading dot (after white space, ``/``, ``~`` or at the text's start: ``~/.bashrc.bak``), and end with a dot
-# that no label follows (``evil.io.``, a sentence's end); its last label has 2 to 5 characters (not ``e.g.``). Every branch that can start inside a run of its characters
-# starts only at the run's first character (a look-behind), and the IPv6 branch's runs are possessive, so a long run
-# costs linear time, not a retry at every offset; _URL_NOISE's slash run likewise.
+# Identifiers inside a longer text the model wrote: URLs (any scheme's, ``ftp://``, ``s3://``, ``http:/``, and
+# scheme-relative ``//evil.io/``), e-mail addresses, file and host names, IPv4 and bracketed IPv6 addresses,
+# account-like codes (IBANs, ids). A host name may start after a dot that follows no label (``x''.evil.io``,
+# ``${H}.evil.io``, ``...evil.io``: :func:`_runs_on` then makes the leaf none), but not at a hidden file's leading dot
+# (after white space, ``/``, ``~`` or at the text's start: ``~/.bashrc.bak``), and end with a dot that no label
+# follows (``evil.io.``, a sentence's end); its last label has 2 to 5 characters (not ``e.g.``). Every branch that can
+# start inside a run of its characters starts only at the run's first character (a look-behind), and the IPv6
+# branch's runs are possessive, so a long run costs linear time, not a retry at every offset; _URL_NOISE's slash run
+# likewise.
 _EMBEDDED = re.compile(
-    r"(?:https?://|www\.)[^\s'\"<>)\]]+"
+    r"(?<![a-z0-9+.-])(?:https?:/|[a-z][a-z0-9+.-]{0,15}://)[^\s'\"<>)\]]+"
+    r"|(?<![\w:/])//(?=[\w-]+\.)[^\s'\"<>)\]]+|www\.[^\s'\"<>)\]]+"
     r"|(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
     r"|(?<![\w/-])(?<![\w-]\.)(?<![\s/~]\.)(?<!^\.)[\w-]+(?:\.[\w-]+)*\.[a-z][a-z0-9]{1,4}(?:/[^\s'\"<>)\]]*)?(?!\w|\.\w)"
     r"|(?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?!\w|\.\d)|\[[0-9a-f.]*+:[0-9a-f:.]*+\]"
     r"|\b(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{12,34}\b",
     re.IGNORECASE,
 )
+# How an :data:`_EMBEDDED` URL starts: its scheme, ``//`` or ``www.``.
+_URL_START = re.compile(r"https?:/|[a-z][a-z0-9+.-]{0,15}://|//|www\.", re.IGNORECASE)
 
 # The ideographic full stops, which IDNA reads as a host name's dot (NFKC maps the full-width one to ".").
 _HOST_DOTS = str.maketrans("\u3002\uff61", "..")
@@ -564,7 +569,7 @@ def _runs_on(text: str, start: int, end: int) -> bool:
     mark, before it (but for a URL, whose scheme ends the host) or after it (past sentence-ending dots; delimiters
     followed by a dot and a label continue the host)."""
     before = text[start - 1] if start else " "
-    if not text[start:end].lower().startswith(("http", "www.")) and not _EDGE.match(before):
+    if not _URL_START.match(text, start) and not _EDGE.match(before):
         return True
     return bool(_RUNS_ON_AFTER.match(text, end))
 
