@@ -52,6 +52,7 @@ from guard.agents._memo import MessageMemo
 from guard.agents._messages import MAX_CUT_CHARS, SOURCE, TOOL_ADDED
 from guard.agents.decisions import TEXT_DECISIONS, TOOL_DECISIONS, PendingItem, pending_id
 from guard.engine import verdicts
+from guard.policy.provenance import is_code_tool, same_tool
 from guard.subject import AgentEvent, TurnMessage, digest_of
 from guard.verdict import Verdict
 
@@ -537,13 +538,20 @@ def turn_history(
 
 def _answered(made: list[tuple[str, Any]] | None, name: str | None) -> tuple[str | None, Any]:
     """The tool and arguments of the call a tool result answers, from ``made`` (the name and arguments of each call
-    the model made with the result's id; ``None``: none) and the result's own ``name`` (``None``: it has none):
-    the one call of that name, or the one call when it has none; the result's own name and no arguments when no call
-    has its id; else ``(None, None)``, not known (calls that share the id, some servers number every call ``0``, and
-    the name does not tell them apart, or no call with the id has it), so the result is no evidence."""
+    the model made with the result's id; ``None``: none) and the result's own ``name`` (``None`` or ``""``: it has
+    none), names compared as :func:`~guard.policy.provenance.same_tool` does (``Get_IBAN``, ``bank.get_iban``): the
+    one call when there is one and the names agree, the result has none, or neither is a code tool
+    (:func:`~guard.policy.provenance.is_code_tool`); else the one call of that name; the result's own name and no
+    arguments when no call has its id; else ``(None, None)``, not known (calls that share the id, some servers number
+    every call ``0``, and the name does not tell them apart, or a name no call with the id has, where a code tool is
+    one of the two), so the result is no evidence."""
+    name = name or None
     if not made:
         return name, None
-    matching = [call for call in made if name is None or call[0] == name]
+    if name is None or (len(made) == 1 and not is_code_tool(name) and not is_code_tool(made[0][0])):
+        matching = made
+    else:
+        matching = [call for call in made if same_tool(call[0], name)]
     return matching[0] if len(matching) == 1 else (None, None)
 
 

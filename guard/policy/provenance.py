@@ -632,7 +632,20 @@ def is_code_tool(tool: str) -> bool:
     server's or namespace's name, ``mcp__python__search_pypi``), compared in letters and digits only,
     NFKC-normalised and lower-cased (``Code Interpreter``, ``PythonREPL`` and ``python-repl`` are
     ``code_interpreter`` and ``python_repl``)."""
-    return any(_NOT_ALNUM.sub("", _fold(part)) in _CODE_NAMES for part in (tool, _NAMESPACE.split(tool)[-1]))
+    return any(key in _CODE_NAMES for key in _tool_keys(tool))
+
+
+def _tool_keys(tool: str) -> tuple[str, str]:
+    """A tool's name and the last part of it namespaced (:data:`_NAMESPACE`), each in letters and digits only,
+    NFKC-normalised and lower-cased."""
+    return _NOT_ALNUM.sub("", _fold(tool)), _NOT_ALNUM.sub("", _fold(_NAMESPACE.split(tool)[-1]))
+
+
+def same_tool(tool: str, other: str) -> bool:
+    """Whether two tool names name one tool as :func:`is_code_tool` compares them: whole or by the last part of a
+    namespaced one, in letters and digits only, case ignored (``Get_IBAN``, `` get_iban `` and ``bank.get_iban``
+    are ``get_iban``)."""
+    return any(one == two for one, two in zip(_tool_keys(tool), _tool_keys(other), strict=True))
 
 
 def gives_evidence(tools: Mapping[str, ToolSpec], tool: str | None) -> bool:

@@ -369,3 +369,23 @@ def test_calls_that_share_an_id_give_each_result_its_own_tool_and_arguments() ->
                                                                                  name="get_landlord")]})  # fmt: skip
     assert history[-1].tool_name == "get_landlord"
     assert trace_arguments({"recipient": IBAN}, history)["recipient"].source == "tool_result"
+
+
+def test_a_results_name_that_differs_from_its_one_calls_only_in_form_is_that_calls() -> None:
+    """A result named ``Get_IBAN``, `` get_iban ``, ``""`` or ``get_iban`` for the one call ``bank.get_iban`` with its
+    id was read as no known tool, so the IBAN it gave was no evidence and the payment to it escalated (review
+    finding): names are compared in letters and digits only, by their last namespace part too, ``""`` is no name,
+    and a single call under the id is the result's unless one of the two names is a code tool."""
+    user = HumanMessage("Pay my landlord the rent, 1200 EUR.")
+    for called, named in (("get_iban", "Get_IBAN"), ("get_iban", " get_iban "), ("get_iban", ""),
+                          ("bank.get_iban", "get_iban"), ("get_iban", "lookup_iban")):  # fmt: skip
+        call = AIMessage(content="", tool_calls=[{"name": called, "args": {"who": "landlord"}, "id": "c1"}])
+        history = turn_history({"messages": [user, call, ToolMessage(content=IBAN, tool_call_id="c1", name=named)]})
+        assert (history[-1].tool_name, history[-1].arguments) == (called, {"who": "landlord"}), named
+        assert trace_arguments({"recipient": IBAN}, history)["recipient"].source == "tool_result", named
+    for called, named in (("python", "get_iban"), ("get_iban", "python")):
+        call = AIMessage(content="", tool_calls=[{"name": called, "args": {"code": "x"}, "id": "c1"}])
+        history = turn_history({"messages": [user, call, ToolMessage(content=IBAN, tool_call_id="c1", name=named)]})
+        assert history[-1].tool_name is None, named
+    orphan = turn_history({"messages": [user, ToolMessage(content=IBAN, tool_call_id="c9", name="")]})
+    assert orphan[-1].tool_name is None
