@@ -158,7 +158,7 @@ CODE_TOOLS = frozenset({
     "exec_command", "run_command", "bash_tool", "sh", "zsh", "powershell", "cmd", "ipython", "jupyter", "repl",
     "eval", "calc", "math", "llm_math", "python_repl_tool", "run_python_code", "run_terminal_cmd", "python3", "node",
     "nodejs", "deno", "code_executor", "start_process", "interact_with_process", "calculate", "execute_javascript",
-    "run_script", "evaluate",
+    "run_script", "evaluate", "SessionsPythonTool-execute_code",
 })  # fmt: skip
 
 
@@ -620,16 +620,16 @@ def _leaves(value: Any) -> Iterable[Any]:
             yield item
 
 
-_CODE_NAMES = frozenset(_NOT_ALNUM.sub("", name) for name in CODE_TOOLS)
-# What parts a namespaced tool name: functions.python, mcp__shell__bash, container.exec, tools/python, server:bash,
-# SessionsPythonTool-execute_code.
-_NAMESPACE = re.compile(r"__|[./:-]")
+_CODE_NAMES = frozenset(_NOT_ALNUM.sub("", _fold(name)) for name in CODE_TOOLS)
+# What parts a namespaced tool name: functions.python, mcp__shell__bash, container.exec, tools/python, server:bash
+# (not "-", which joins the words of kebab-case names: get-node, tax-calculate).
+_NAMESPACE = re.compile(r"__|[./:]")
 
 
 def is_code_tool(tool: str) -> bool:
     """Whether ``tool`` is one of :data:`CODE_TOOLS`: its name or the last part of a namespaced one
-    (``functions.python``, ``mcp__shell__bash``, ``container.exec``, ``SessionsPythonTool-execute_code``; not a
-    server's or namespace's name, ``mcp__python__search_pypi``), compared in letters and digits only,
+    (``functions.python``, ``mcp__shell__bash``, ``container.exec``; not a server's or namespace's name,
+    ``mcp__python__search_pypi``, nor a word of a kebab-case name, ``get-node``), compared in letters and digits only,
     NFKC-normalised and lower-cased (``Code Interpreter``, ``PythonREPL`` and ``python-repl`` are
     ``code_interpreter`` and ``python_repl``)."""
     return any(key in _CODE_NAMES for key in _tool_keys(tool))

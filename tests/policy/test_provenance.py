@@ -551,10 +551,13 @@ def test_a_well_known_code_tool_gives_no_evidence_unless_declared(name: str) -> 
 @pytest.mark.parametrize("name", [
     "mcp__python__search_pypi", "mcp__jupyter__list_notebooks", "mcp__math__get_exchange_rates",
     "mcp__shell__list_history", "mcp__terminal__get_status", "tools/python/lookup",
+    # kebab-case names whose last word is a code tool's name (review finding: all were code tools)
+    "get-node", "describe-node", "mcp__k8s__get-node", "tax-calculate", "search-math", "model-evaluate", "get-cmd",
 ])  # fmt: skip
 def test_a_tool_on_a_server_with_a_code_like_name_is_evidence(name: str) -> None:
-    """A lookup on a server or in a namespace named ``python`` or ``shell`` counted as code by that part, so the
-    IBAN it listed was no evidence (review finding): only the whole name and its last part count."""
+    """A lookup on a server or in a namespace named ``python`` or ``shell``, or a kebab-case lookup ending in a code
+    tool's name (``get-node``), counted as code by that part, so the IBAN it listed was no evidence (review
+    finding): only the whole name and its last part past a namespace separator (not ``-``) count."""
     listed = TurnMessage("tool", "Landlord: GB33BUKB20201555555555", name, "c1", arguments={"query": "landlord"})
     assert source({"to": "GB33BUKB20201555555555"}, USER, listed) == {"to": "tool_result"}
 
