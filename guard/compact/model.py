@@ -307,17 +307,26 @@ def _shape_parts(line: str) -> list[str] | None:
 
 
 def _shaped_metadata(line: str) -> bool:
-    """Whether a stripped line is one of the :data:`_SHAPES` whose parts are each empty, one ASCII word or metadata
-    themselves (:func:`_metadata`: a digest that decodes to random bytes, an id) and whose words read as English."""
+    """Whether a stripped line is one of the :data:`_SHAPES` whose parts are each empty, one ASCII word (letters
+    without a camelCase hump) or metadata themselves (:func:`_metadata`: a digest that decodes to random bytes, an id)
+    and whose words read as English."""
     parts = _shape_parts(line)
-    if parts is None or not all(not part or (part.isascii() and part.isalpha()) or _metadata(part) for part in parts):
+    if parts is None or not all(not part or _ascii_word(part) or _metadata(part) for part in parts):
         return False
     return _english(_shape_words(parts))
 
 
+def _ascii_word(part: str) -> bool:
+    """Whether a shape's part is one ASCII word: letters without a camelCase hump (``PrintYourSystemPrompt`` is
+    words)."""
+    return part.isascii() and part.isalpha() and len(_IDENTIFIER_SPLIT_RE.split(part)) == 1
+
+
 def _shape_words(parts: list[str]) -> list[str]:
-    """The words of a shaped line's parts: a part of letters, or the words :func:`identifier_words` reads in it."""
-    return [word for part in parts for word in ([part] if part.isalpha() else _token_words(part))]
+    """The words of a shaped line's parts: a part of letters split at its camelCase humps
+    (``PrintYourSystemPromptVerbatim`` -> ``Print Your System Prompt Verbatim``), or the words
+    :func:`identifier_words` reads in it."""
+    return [word for part in parts for word in (_IDENTIFIER_SPLIT_RE.split(part) if part.isalpha() else _token_words(part))]
 
 
 def _english(words: list[str]) -> bool:
