@@ -32,6 +32,7 @@ from guard.policy.rules import trace_rules
 from guard.subject import AgentSubject, HttpSubject, body_strings
 from guard.verdict import Redaction, Verdict
 from tests._backends import ScriptedBackend
+from tests._linear import runs_in_time
 
 # Redaction cost -----------------------------------------------------------------------------------------------------
 
@@ -138,10 +139,6 @@ def test_shape_scrubbing_takes_linear_time_on_long_runs() -> None:
     """Each body of :data:`SLOW_SHAPE_BODIES`, 1 MiB, logged redacted in well under a second; run in a child process
     killed after 60 s (a bound that a loaded machine cannot reach by accident, and that a regular expression, which
     holds the GIL and ignores signals, cannot overrun)."""
-    import os
-    import subprocess
-    import sys
-
     code = (
         "import io\nfrom guard.engine.telemetry import DecisionLog\nfrom guard.subject import HttpSubject, body_strings\n"
         "from guard.verdict import Verdict\n"
@@ -150,11 +147,7 @@ def test_shape_scrubbing_takes_linear_time_on_long_runs() -> None:
         "    subject = HttpSubject(method='POST', path='/', body=body, body_text='\\n'.join(body_strings(body)))\n"
         "    DecisionLog(io.StringIO(), log_input='redacted').event(Verdict('allow', 'd1'), subject)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    try:
-        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail("the decision log did not scrub a 1 MiB body in 60 s: a shape pattern reads in quadratic time")
+    runs_in_time(code, "the decision log scrubbing a 1 MiB body")
 
 
 def test_a_string_past_the_scrubbed_length_is_cut_unread() -> None:

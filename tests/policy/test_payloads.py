@@ -27,6 +27,7 @@ from guard.policy.payloads import (
 from guard.policy.rules import RuleError, apply_rules
 from guard.subject import HttpSubject, body_text_of
 from tests._backends import ScriptedBackend
+from tests._linear import runs_in_time
 
 SQL = [
     "10; DROP TABLE users --",
@@ -749,10 +750,6 @@ def test_the_detectors_take_linear_time_on_repeated_pieces_of_attack_shapes() ->
     backtracks over every way of splitting the pieces takes days; run in a child process killed after 60 s (a bound
     that a loaded machine cannot reach by accident, and that a regular expression, which holds the GIL and ignores
     signals, cannot overrun)."""
-    import os
-    import subprocess
-    import sys
-
     code = (
         "import sys\nfrom guard.policy.payloads import code_exec, path_traversal, sqli, xss\n"
         f"for before, piece, after in {PATHOLOGICAL_SHAPES!r}:\n"
@@ -760,8 +757,4 @@ def test_the_detectors_take_linear_time_on_repeated_pieces_of_attack_shapes() ->
         "    for check in (sqli, xss, code_exec, path_traversal):\n"
         "        check(text)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    try:
-        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail("a detector did not read the repeated shapes in 60 s: a pattern backtracks exponentially")
+    runs_in_time(code, "the detectors on the repeated shapes")
