@@ -375,9 +375,14 @@ def test_a_look_alike_document_in_json_that_loads_refuses_is_not_flagged(text: s
 
 
 def test_unclosed_quotes_are_read_in_linear_time() -> None:
-    started = time.process_time()
-    find_instructions('{"a": 1}x\n' + ('"' + '\\"you ' * 20_000 + "\n") * 5)
-    assert time.process_time() - started < 1.0  # CPU seconds: about 0.1 on a 2-core machine
+    """Five lines of 480,000 characters of escaped quotes never closed: 4 CPU seconds when read in linear time, hours
+    when each quote is read to the end of its line (a CPU-time bound of 1 s failed by load alone on a 2-core AVX2
+    machine, where the linear read takes 0.9 s of 100,000 characters)."""
+    code = (
+        "from guard.policy.instructions import find_instructions\n"
+        "find_instructions('{\"a\": 1}x\\n' + ('\"' + '\\\\\"you ' * 80_000 + '\\n') * 5)\n"
+    )
+    runs_in_time(code, "find_instructions on unclosed quotes")
 
 
 #: The override's loose form without the agent named, and a lead that gives a new task.
