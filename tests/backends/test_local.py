@@ -569,7 +569,9 @@ async def test_a_policy_whose_questions_would_leave_the_state_little_room_is_ask
     assert "state_tokens_dropped" not in short.flags
     alone_policies = load_text("policies:" + _long_policy("short", {"a": 1}))
     async with Guard(alone_policies, backends=LocalBackend(clef_fp32, max_length=1024)) as alone:
-        assert (await alone.aevaluate(body)).answers["a"].noul == short.answers["a"].noul
+        # float32 answers of one state differ in the 7th digit by the batch it ran in (padding changes the products'
+        # shapes): the two requests above share a batch or not as they happen to arrive
+        assert (await alone.aevaluate(body)).answers["a"].noul == pytest.approx(short.answers["a"].noul, abs=1e-6)
 
 
 def test_grouping_policies_tokenizes_each_question_once(clef_fp32: ClefModel, monkeypatch: pytest.MonkeyPatch) -> None:
