@@ -721,9 +721,10 @@ MAX_LOGGED_CHARS = 64 * 1024
 #: Put between the two halves a longer string keeps: ``{cut}`` characters left out of ``{length}``.
 LOG_CUT_MARKER = "[... cut from the log: {cut} of {length} characters ...]"
 #: Most characters of each string the decision log reads for secrets (:func:`_scrub_record`), 1 MiB (the gateway's
-#: default largest body): the rest is cut, never written unread, and :data:`LOG_UNREAD_MARKER` put in its place.
+#: default largest body): a longer string keeps its first and last halves, as :data:`LOG_CUT_MARKER` cuts do (the end
+#: an attack hides in is kept), and the middle is cut, never written unread, :data:`LOG_UNREAD_MARKER` in its place.
 MAX_SCRUBBED_CHARS = 1024 * 1024
-#: Put in place of what a string holds past :data:`MAX_SCRUBBED_CHARS`: ``{cut}`` characters.
+#: Put between the halves of a string past :data:`MAX_SCRUBBED_CHARS`: ``{cut}`` characters.
 LOG_UNREAD_MARKER = "[... cut from the log unread: {cut} more characters ...]"
 
 
@@ -1246,7 +1247,7 @@ def _scrub_record(record: dict[str, Any], values: list[str], *, shapes: bool = F
     pointers in ``result.redactions`` and ``erased``; values under 4 characters only when they are 3 digits (shorter
     ones would hit words); with ``shapes``, what :func:`_scrub_shapes` replaces too (card numbers only with
     ``cards``); with ``keys``, a pointer token that is not a plain identifier written as :data:`KEY_PLACEHOLDER`. Each
-    string is read to :data:`MAX_SCRUBBED_CHARS`, the rest cut (:data:`LOG_UNREAD_MARKER`). See :class:`Scrubber` for
+    string is read to :data:`MAX_SCRUBBED_CHARS`, its first and last halves, the middle cut (:data:`LOG_UNREAD_MARKER`). See :class:`Scrubber` for
     the cost."""
     values = secret_values(values)
     values += _spellings(values)
@@ -1254,10 +1255,15 @@ def _scrub_record(record: dict[str, Any], values: list[str], *, shapes: bool = F
         return
     by_value = Scrubber(values)
 
+    def read(text: str) -> str:
+        return _scrub_shapes(by_value(text), cards=cards) if shapes else by_value(text)
+
     def scrub(text: str) -> str:
-        head = text[:MAX_SCRUBBED_CHARS]
-        cut = LOG_UNREAD_MARKER.format(cut=len(text) - len(head)) if len(text) > len(head) else ""
-        return (_scrub_shapes(by_value(head), cards=cards) if shapes else by_value(head)) + cut
+        if len(text) <= MAX_SCRUBBED_CHARS:
+            return read(text)
+        half = MAX_SCRUBBED_CHARS // 2
+        marker = LOG_UNREAD_MARKER.format(cut=len(text) - 2 * half)
+        return f"{read(text[:half])}\n{marker}\n{read(text[len(text) - half:])}"
 
     record["input"] = _scrub(record.get("input"), scrub)
     record["state"] = _scrub(record.get("state"), scrub)

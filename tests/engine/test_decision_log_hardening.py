@@ -151,12 +151,15 @@ def test_shape_scrubbing_takes_linear_time_on_long_runs() -> None:
 
 
 def test_a_string_past_the_scrubbed_length_is_cut_unread() -> None:
-    """Past :data:`MAX_SCRUBBED_CHARS` a string is not read for secrets: the rest is cut, never written unscrubbed."""
-    body = {"note": "x" * MAX_SCRUBBED_CHARS + "AKIA" + "A" * 16}
+    """Past :data:`MAX_SCRUBBED_CHARS` a string is read for secrets in its first and last halves (the tail, where an
+    attack hides, is kept and scrubbed); the middle is cut, never written unscrubbed."""
+    half = MAX_SCRUBBED_CHARS // 2
+    body = {"note": "x" * half + "AKIA" + "A" * 16 + "y" * half + " AKIA" + "B" * 16}
     subject = HttpSubject(method="POST", path="/", body=body, body_text=body["note"])
     event = DecisionLog(io.StringIO(), log_input="redacted", max_chars=2 * MAX_SCRUBBED_CHARS).event(
         Verdict("allow", "d1"), subject)
-    assert event["input"]["body"]["note"] == "x" * MAX_SCRUBBED_CHARS + LOG_UNREAD_MARKER.format(cut=20)
+    marker = LOG_UNREAD_MARKER.format(cut=len(body["note"]) - 2 * half)
+    assert event["input"]["body"]["note"] == "x" * half + f"\n{marker}\n" + "y" * (half - 21) + " [redacted]"
 
 
 def test_a_secret_nested_past_the_depth_cap_is_still_scrubbed_from_the_text() -> None:
