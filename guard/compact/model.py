@@ -245,12 +245,15 @@ def _parts_at(separators: str, group: int = 0) -> _Parts:
 
 
 def _basic_credentials(match: re.Match[str]) -> list[str] | None:
-    """The user name and password of ``Basic <base64 of user:password>``, or ``None`` when it decodes to anything
-    else (white space, no colon, not UTF-8)."""
+    """The user name and password of ``Basic <base64 of user:password>`` when their words could hold a sentence (at
+    least :data:`IDENTIFIER_WORDS`), no part when they hold fewer, or ``None`` when it decodes to anything else (white
+    space, no colon, not UTF-8). A credential pair such as ``user:password`` is no words to read: its two words joined
+    to another field's (``user password ghcr io acme api server``) scored injection 0.88."""
     with contextlib.suppress(ValueError):
         credentials = base64_bytes(match[1]).decode("utf-8")
         if ":" in credentials and not any(ch.isspace() or not ch.isprintable() for ch in credentials):
-            return credentials.split(":", 1)
+            parts = credentials.split(":", 1)
+            return parts if len(_shape_words(parts)) >= IDENTIFIER_WORDS else []
     return None
 
 
