@@ -358,7 +358,7 @@ def _run_redis_script(script: str, password: str, scratch: Path) -> tuple[subpro
     return subprocess.Popen(["sh", "-c", local], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), port
 
 
-@pytest.mark.parametrize("password", [secrets.token_hex(16), "a b \"c\" 'd' \\e $HOME `f` #g;"])
+@pytest.mark.parametrize("password", [secrets.token_hex(16), "a b \"c\" 'd' \\e $HOME `f` #g;"], ids=["random", "shell"])
 def test_shipped_redis_takes_its_password_on_stdin_not_the_command_line(tmp_path: Path, password: str) -> None:
     """Each shipped Redis line, run by a real shell and redis-server: a client without the password is refused, one
     with it (spaces, quotes, backslashes, ``$`` and all) is answered, and the password is nowhere on the server's

@@ -148,7 +148,7 @@ async def test_an_encoded_body_that_reads_as_text_as_sent_is_refused(
     _raw_deflate(b""),  # 03 00
     zlib.compress(b"", 1),  # x\x01\x03\x00...: one word character
     zlib.compress(b'{"message": "hi"}', 1),
-    gzip.compress(b""),
+    gzip.compress(b"", mtime=0),  # a fixed header: the same test id in every process
 ])
 async def test_a_tiny_compressed_body_is_not_taken_for_text(make_guard: GuardFactory, wire: bytes) -> None:
     async with client_for(guarded_app(make_guard())) as client:
