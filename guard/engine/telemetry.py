@@ -1070,9 +1070,9 @@ def _spellings(values: list[str]) -> list[str]:
 #: secret has no shape to find), Mailgun keys (``key-`` and 32), Shopify access tokens and shared secrets (``shpat_``,
 #: ``shpca_``, ``shpss_`` and 32; these four not followed by another letter or digit, so a longer hex value, a SHA-1
 #: after ``key-``, is no key), JSON Web Tokens (``eyJ...`` header and payload, and the signature), PEM private keys
-#: (``-----BEGIN ... PRIVATE KEY-----`` to its ``END`` line over 16 KB at most of base64, blanks, literal ``\\n`` and
-#: the ``Proc-Type:``/``DEK-Info:`` headers' ``:``, ``,`` and single ``-``, so that the search for an ``END`` stops at
-#: the next ``--`` and each character is read for one ``BEGIN`` at most; or the base64 after it where no ``END``
+#: (``-----BEGIN ... PRIVATE KEY-----`` to its ``END`` line, 16 KB at most and whatever is between: quotes and ``\\n``
+#: of string literals, ``> `` of a quoted email, ``<br>``; the search for an ``END`` stops at the next
+#: ``-----BEGIN``, so each character is read for one ``BEGIN`` at most; or the base64 after it where no ``END``
 #: follows)
 #: and an Azure shared access signature's ``sig=`` after ``?``, ``&`` or ``;`` (a SAS token without its URL).
 _KEY_SHAPE = re.compile(
@@ -1085,7 +1085,7 @@ _KEY_SHAPE = re.compile(
     r"|(?:SK|AC|key-|shp(?:at|ca|ss)_)[0-9a-f]{32}(?![0-9A-Za-z])"
     r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"
     r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
-    r"(?:(?:[A-Za-z0-9+/=\s\\:,]|-(?!-)){0,16384}?-----END [A-Z ]*PRIVATE KEY-----|[A-Za-z0-9+/=\s\\]*)"
+    r"(?:(?:(?!-----BEGIN )[\s\S]){0,16384}?-----END [A-Z ]*PRIVATE KEY-----|[A-Za-z0-9+/=\s\\]*)"
     r"|(?<=[?&;]sig=)[A-Za-z0-9%+/=]{20,})"
 )
 #: A Twilio account SID: an identifier that every webhook of the account carries (its auth token is the secret), kept

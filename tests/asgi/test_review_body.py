@@ -271,6 +271,7 @@ async def test_a_credential_under_a_secret_name_is_masked_and_the_item_complete(
     ("use sk_live_51HxYzAbCdEf0123456789 for this", "sk_live_51"),
     ("AKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7"),
     ("postgres://admin:S3cr3tPassw0rd@db.internal:5432/app", "S3cr3tPassw0rd"),
+    ("> -----BEGIN RSA PRIVATE KEY-----\n> MIIEowIBAAKCAQEA7Qz3Jw\n> -----END RSA PRIVATE KEY-----", "7Qz3Jw"),
 ])
 @pytest.mark.parametrize("content_type", ["application/json", FORM])
 def test_a_key_or_a_url_password_under_a_plain_name_is_masked_and_counted(content_type: str, value: str,

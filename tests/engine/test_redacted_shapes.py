@@ -82,6 +82,12 @@ def test_ordinary_fields_holding_those_letters_are_kept(name: str) -> None:
     ("pem -----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA7Qz3Jw\nVx9Lm2Rt8Yp==\n-----END RSA PRIVATE KEY-----\nbye",
      "MIIEowIBAAKCAQEA", "pem [redacted]\nbye"),
     ("pem -----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC", "MIIEvQIBADAN", "pem [redacted]"),
+    (('KEY = ("-----BEGIN RSA PRIVATE KEY-----\\n"\n       "MIIEowIBAAKCAQEA7Qz3Jw\\n"\n       "Vx9Lm2Rt8Yp==\\n"\n'
+      '       "-----END RSA PRIVATE KEY-----\\n")'), "Vx9Lm2Rt8Yp", 'KEY = ("[redacted]\\n")'),
+    ("> -----BEGIN RSA PRIVATE KEY-----\n> MIIEowIBAAKCAQEA7Qz3Jw\n> Vx9Lm2Rt8Yp==\n> -----END RSA PRIVATE KEY-----\n> bye",
+     "Vx9Lm2Rt8Yp", "> [redacted]\n> bye"),
+    ("<pre>-----BEGIN RSA PRIVATE KEY-----<br>MIIEowIBAAKCAQEA7Qz3Jw<br>Vx9Lm2Rt8Yp==<br>-----END RSA PRIVATE KEY-----</pre>",
+     "Vx9Lm2Rt8Yp", "<pre>[redacted]</pre>"),
     ("sas sv=2022-11-02&ss=b&sp=rw&se=2025-01-01&sig=k7Qz3JwVx9Lm2Rt8Yp4Hn6Bd1Fs5Gc0A%2BeUoWiXyZq%3D", "k7Qz3JwVx9",
      "sp=rw&se=2025-01-01&sig=[redacted]"),
     ('sql Server=db1;User Id=sa;Password="Hunter2Pw!";', "Hunter2Pw", "User Id=sa;Password=[redacted];"),
