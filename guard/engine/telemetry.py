@@ -1110,10 +1110,11 @@ _CARD_NUMBER = re.compile(
     r"4\d{12}(?:\d{3}){0,2}|(?:5[1-5]\d\d|222[1-9]|22[3-9]\d|2[3-6]\d\d|27[01]\d|2720)\d{12}|3[47]\d{13}"
     r"|(?:6011|64[4-9]\d|65\d\d)\d{12}(?:\d{3})?"
 )
-#: A URL: a scheme of 32 characters at most (a longer run of letters and digits before ``://``, a hex digest's, is
-#: no scheme: an unbounded one made each start in a long run read to its end, seconds on 64 KB), ``://`` and up to the
-#: next blank, quote, ``<``, ``>`` or backslash.
-_URL_SHAPE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s\"'<>\\]+")
+#: A URL: a scheme of 32 characters at most, or none where no letter starts one within 32 characters before ``://``
+#: (a longer run before it, a hex digest's or digits', is read as no scheme: an unbounded one made each start in a
+#: long run read to its end, seconds on 64 KB; the user and password after ``://`` are masked all the same), ``://``
+#: and up to the next blank, quote, ``<``, ``>`` or backslash.
+_URL_SHAPE = re.compile(r"(?:[A-Za-z][A-Za-z0-9+.-]{0,31})?://[^\s\"'<>\\]+")
 #: A plain user name in a URL (``git``, ``app``, ``deploy``, ``john.doe``): letters, then letters, dots, ``_`` or
 #: ``-``, 32 at most. Any other (digits, percent-encoding, a long run: ``ghtoken123``) may be a token, and is masked.
 _PLAIN_USER = re.compile(r"[A-Za-z][A-Za-z._-]{0,31}")

@@ -130,6 +130,8 @@ def test_long_values_whose_starts_the_text_repeats_cost_linear_time() -> None:
 SLOW_SHAPE_BODIES = [
     "{'blob': 'ab' * 524_288, 'callback': 'https://example.com/hook'}",
     "{'note': 'a' * 1_048_576 + ' https://example.com'}",
+    "{'note': 'ab' * 500_000 + '1' * 40 + '://app:Hunter2Secret@db/prod'}",
+    "{'note': '1' * 1_048_576 + '://app:Hunter2Secret@db/prod'}",
     "{'note': '-----BEGIN PRIVATE KEY-----!' * 37_449}",
     "{'note': '-----BEGIN PRIVATE KEY-----' * 38_836}",
     "{'note': '-----BEGIN PRIVATE KEY-----\\n' * 37_449}",

@@ -39,6 +39,8 @@ def test_ordinary_fields_holding_those_letters_are_kept(name: str) -> None:
     ("token https://deploy:hunter2pw@git.example.com/app.git", "hunter2pw", "git.example.com/app.git"),
     ("db postgres://admin:s3cr3tpw@db.internal:5432/app", "s3cr3tpw", "db.internal:5432/app"),
     ("clone https://ghtoken123@github.com/o/r", "ghtoken123", "github.com/o/r"),
+    ("id a" + "1" * 40 + "://app:Hunter2Secret@db/prod", "Hunter2Secret", "1://app:[redacted]@db/prod"),
+    ("-" * 40 + "://app:Hunter2Secret@db/prod", "Hunter2Secret", "-://app:[redacted]@db/prod"),
     ("callback https://app.example/cb?client_secret=oauthcode99&state=1", "oauthcode99", "app.example/cb"),
     ("amex 3782 822463 10005", "822463", "amex"),
     ("visa 4111111111111111.", "4111", "visa"),
