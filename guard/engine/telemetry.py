@@ -1240,6 +1240,33 @@ def _rewrite_pointers(record: dict[str, Any], token: Callable[[str], str]) -> No
         record["erased"] = [rewrite(pointer) for pointer in record["erased"]]
 
 
+#: Characters past the cut read with each half of a string longer than :data:`MAX_SCRUBBED_CHARS`, so that a secret
+#: crossing the cut (a PEM private key: 16 KB at most) is read whole.
+_CUT_OVERLAP = 32 * 1024
+
+
+def _read_to_cut(text: str, cut: int, read: Callable[[str], str], *, head: bool) -> str:
+    """``read(text[:cut])`` (``head``) or ``read(text[cut:])`` with a secret that crosses ``cut`` masked, never
+    shown in part: the part is read with the :data:`_CUT_OVERLAP` characters past the cut, which are then dropped
+    from what ``read`` returns. Where ``read`` changed them (a secret masked past or across the cut), the part is read
+    alone too and kept as far as the two readings agree, the rest of it to the cut as one ``[redacted]``."""
+    part = text[:cut] if head else text[cut:]
+    overlap = text[cut:cut + _CUT_OVERLAP] if head else text[cut - _CUT_OVERLAP:cut]
+    if head:
+        read_with = read(part + overlap)
+        if read_with.endswith(overlap):
+            return read_with[:len(read_with) - len(overlap)]
+        alone = read(part)
+        same = len(os.path.commonprefix([read_with, alone]))
+        return alone if same == len(alone) else f"{read_with[:same]}[redacted]"
+    read_with = read(overlap + part)
+    if read_with.startswith(overlap):
+        return read_with[len(overlap):]
+    alone = read(part)
+    same = len(os.path.commonprefix([read_with[::-1], alone[::-1]]))  # the two readings' common end
+    return alone if same == len(alone) else f"[redacted]{read_with[len(read_with) - same:]}"
+
+
 def _scrub_record(record: dict[str, Any], values: list[str], *, shapes: bool = False, cards: bool = True,
                   keys: bool = False) -> None:
     """``values`` (and the bare keys inside ``Authorization``-style ones, and each as raw request text may spell it:
@@ -1248,8 +1275,8 @@ def _scrub_record(record: dict[str, Any], values: list[str], *, shapes: bool = F
     pointers in ``result.redactions`` and ``erased``; values under 4 characters only when they are 3 digits (shorter
     ones would hit words); with ``shapes``, what :func:`_scrub_shapes` replaces too (card numbers only with
     ``cards``); with ``keys``, a pointer token that is not a plain identifier written as :data:`KEY_PLACEHOLDER`. Each
-    string is read to :data:`MAX_SCRUBBED_CHARS`, its first and last halves, the middle cut (:data:`LOG_UNREAD_MARKER`). See :class:`Scrubber` for
-    the cost."""
+    string is read to :data:`MAX_SCRUBBED_CHARS`, its first and last halves (each with what is past its cut:
+    :func:`_read_to_cut`), the middle cut (:data:`LOG_UNREAD_MARKER`). See :class:`Scrubber` for the cost."""
     values = secret_values(values)
     values += _spellings(values)
     if not values and not shapes:
@@ -1264,7 +1291,8 @@ def _scrub_record(record: dict[str, Any], values: list[str], *, shapes: bool = F
             return read(text)
         half = MAX_SCRUBBED_CHARS // 2
         marker = LOG_UNREAD_MARKER.format(cut=len(text) - 2 * half)
-        return f"{read(text[:half])}\n{marker}\n{read(text[len(text) - half:])}"
+        head = _read_to_cut(text, half, read, head=True)
+        return f"{head}\n{marker}\n{_read_to_cut(text, len(text) - half, read, head=False)}"
 
     record["input"] = _scrub(record.get("input"), scrub)
     record["state"] = _scrub(record.get("state"), scrub)

@@ -167,6 +167,31 @@ def test_a_string_past_the_scrubbed_length_is_cut_unread() -> None:
     assert event["input"]["body"]["note"] == "x" * half + f"\n{marker}\n" + "y" * (half - 21) + " [redacted]"
 
 
+_PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA" + "Q" * 1_600 + "Zk3Jw==\n-----END RSA PRIVATE KEY-----"
+
+
+@pytest.mark.parametrize(("secret", "start", "clear"), [
+    ("AKIAIOSFODNN7EXAMPLE", MAX_SCRUBBED_CHARS // 2 - 12, "AKIAIOSF"),  # across the first half's end
+    (_PEM, MAX_SCRUBBED_CHARS // 2 - 20, "QQQQ"),
+    ("postgres://app:Hunter2Secret@db/prod", MAX_SCRUBBED_CHARS // 2 + 1_000 - 15, "Hunter2Secret"),  # the last's start
+    (_PEM, MAX_SCRUBBED_CHARS // 2 + 1_000 - 20, "QQQQ"),
+])
+def test_a_secret_across_the_cut_of_a_string_past_the_scrubbed_length_is_masked(secret: str, start: int,
+                                                                                clear: str) -> None:
+    """Each half of a string past :data:`MAX_SCRUBBED_CHARS` was read alone, so a secret that crossed the cut between
+    a half and the unread middle was no secret to either and was logged in part (a PEM key's body, a URL's password
+    after the cut, 12 characters of an AWS key id): read with what is past the cut, it is masked whole."""
+    length = MAX_SCRUBBED_CHARS + 1_000  # the last half starts 1,000 characters after the first ends
+    note = "x" * (start - 1) + " " + secret + " "
+    note += "y" * (length - len(note))
+    subject = HttpSubject(method="POST", path="/", body={"note": note}, body_text=note)
+    event = DecisionLog(io.StringIO(), log_input="redacted", max_chars=2 * MAX_SCRUBBED_CHARS).event(
+        Verdict("allow", "d1"), subject)
+    logged = event["input"]["body"]["note"]
+    assert clear not in logged and "[redacted]" in logged
+    assert logged.startswith("x" * (min(start, MAX_SCRUBBED_CHARS // 2) - 1)) and logged.endswith("y" * 1_000)
+
+
 def test_a_secret_nested_past_the_depth_cap_is_still_scrubbed_from_the_text() -> None:
     """Cutting the body at 64 levels hid the password's key from the redaction, so the joined text kept its value
     (review finding)."""
