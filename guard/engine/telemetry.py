@@ -1088,7 +1088,9 @@ def _spellings(values: list[str]) -> list[str]:
 #: of string literals, ``> `` of a quoted email, ``<br>``; the search for an ``END`` stops at the next
 #: ``-----BEGIN``, so each character is read for one ``BEGIN`` at most; or the base64 after it where no ``END``
 #: follows)
-#: and an Azure shared access signature's ``sig=`` after ``?``, ``&`` or ``;`` (a SAS token without its URL).
+#: and an Azure shared access signature's ``sig=`` after ``?``, ``&`` or ``;`` (a SAS token without its URL). Each
+#: not after a letter, digit, ``_`` or ``-``, but a PEM key, found after them too (a ``\\n`` written out before it in
+#: JSON text ends in ``n``).
 _KEY_SHAPE = re.compile(
     r"(?<![A-Za-z0-9_-])(?:(?:AKIA|ASIA)[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}"
     r"|xox[abposr]-[A-Za-z0-9-]{10,}|xoxe[.-][A-Za-z0-9.-]{10,}|xapp-[A-Za-z0-9-]{10,}"
@@ -1098,9 +1100,9 @@ _KEY_SHAPE = re.compile(
     r"|npm_[A-Za-z0-9]{36}|hf_[A-Za-z0-9]{30,}|SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"
     r"|(?:SK|AC|key-|shp(?:at|ca|ss)_)[0-9a-f]{32}(?![0-9A-Za-z])"
     r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"
+    r"|(?<=[?&;]sig=)[A-Za-z0-9%+/=]{20,})"
     r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
     r"(?:(?:(?!-----BEGIN )[\s\S]){0,16384}?-----END [A-Z ]*PRIVATE KEY-----|[A-Za-z0-9+/=\s\\]*)"
-    r"|(?<=[?&;]sig=)[A-Za-z0-9%+/=]{20,})"
 )
 #: A Twilio account SID: an identifier that every webhook of the account carries (its auth token is the secret), kept
 #: where a reviewer reads a body (:func:`_scrub_shapes` without ``account_ids``).

@@ -135,6 +135,7 @@ SLOW_SHAPE_BODIES = [
     "{'note': '-----BEGIN PRIVATE KEY-----!' * 37_449}",
     "{'note': '-----BEGIN PRIVATE KEY-----' * 38_836}",
     "{'note': '-----BEGIN PRIVATE KEY-----\\n' * 37_449}",
+    "{'note': 'a-----BEGIN PRIVATE KEY-----' * 37_449}",
     "{'note': ('-----BEGIN PRIVATE KEY-----' + 'x' * 16_357) * 64}",
     "{'note': ('-----BEGIN PRIVATE KEY-----' + '-----END ' + 'A' * 16_348) * 64}",
 ]

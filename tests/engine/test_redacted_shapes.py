@@ -88,6 +88,9 @@ def test_ordinary_fields_holding_those_letters_are_kept(name: str) -> None:
       '       "-----END RSA PRIVATE KEY-----\\n")'), "Vx9Lm2Rt8Yp", 'KEY = ("[redacted]\\n")'),
     ("> -----BEGIN RSA PRIVATE KEY-----\n> MIIEowIBAAKCAQEA7Qz3Jw\n> Vx9Lm2Rt8Yp==\n> -----END RSA PRIVATE KEY-----\n> bye",
      "Vx9Lm2Rt8Yp", "> [redacted]\n> bye"),
+    (('{"pem": "-----BEGIN CERTIFICATE-----\\nMIIB\\n-----END CERTIFICATE-----\\n-----BEGIN RSA PRIVATE KEY-----\\n'
+      'MIIEowIBAAKCAQEA7Qz3Jw\\n-----END RSA PRIVATE KEY-----\\n"}'), "7Qz3Jw", "-----END CERTIFICATE-----\\n[redacted]\\n"),
+    ("key-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC", "MIIEvQIBADAN", "key[redacted]"),
     ("<pre>-----BEGIN RSA PRIVATE KEY-----<br>MIIEowIBAAKCAQEA7Qz3Jw<br>Vx9Lm2Rt8Yp==<br>-----END RSA PRIVATE KEY-----</pre>",
      "Vx9Lm2Rt8Yp", "<pre>[redacted]</pre>"),
     ("sas sv=2022-11-02&ss=b&sp=rw&se=2025-01-01&sig=k7Qz3JwVx9Lm2Rt8Yp4Hn6Bd1Fs5Gc0A%2BeUoWiXyZq%3D", "k7Qz3JwVx9",
