@@ -36,6 +36,7 @@ import json
 import re
 import string
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote_plus, unquote_plus
@@ -68,10 +69,13 @@ MAX_JUDGED_CHARS = 8_192
 """Most characters of secret-named fields' values a view reads for a credential's shape (:func:`_credential_shaped`,
 milliseconds for each token of hundreds of characters; a value counts at most the 512 characters a credential may
 have); the rest of the body after them is counted, not shown."""
+#: Most characters of a secret (a key, a JWT, a URL, a repeated value) that a string read only in part
+#: (:func:`_scrubbed`) never shows in part, where it runs past the end of what is read.
+_SECRET_CHARS = 4_096
 #: Most characters of a string (a text body, a JSON string, a form's value) masked for the secrets it repeats or its
-#: shape gives away: what a view shows (:data:`MAX_SHOWN_BODY_BYTES`, a character is a byte or more) and 4,096 more, so
-#: that a key, a JWT or a URL that runs past the cut is still found whole; the rest is never shown.
-_SCRUBBED_CHARS = MAX_SHOWN_BODY_BYTES + 4_096
+#: shape gives away: what a view shows (:data:`MAX_SHOWN_BODY_BYTES`, a character is a byte or more) and
+#: :data:`_SECRET_CHARS` more; the rest is never shown.
+_SCRUBBED_CHARS = MAX_SHOWN_BODY_BYTES + _SECRET_CHARS
 MAX_PREVIEW_BYTES = 2_048
 """Most UTF-8 bytes of each view of a held body in a listing (:func:`body_preview`); the item itself carries them
 whole."""
@@ -254,20 +258,39 @@ class _Repeats:
 
     def __call__(self, value: str) -> str | None:
         """``value`` with the secrets it holds masked (all of it, :data:`MASK`, when it is one of the request's; in a
-        URL, its password or credential parameters' values; a Twilio account SID is an identifier, kept), its first
-        :data:`_SCRUBBED_CHARS` characters read and any rest, unread, as one more :data:`MASK`, its bytes added to
-        ``cut`` (masking may shorten the head enough to bring the rest into what a view shows); ``None`` when they
-        hold none."""
+        URL, its password or credential parameters' values; a Twilio account SID is an identifier, kept), read as
+        :func:`_scrubbed` reads it, what that leaves out shown as one more :data:`MASK` and its bytes added to
+        ``cut``; ``None`` when it holds none."""
         if value in self._values:
             return MASK
-        head = value[:_SCRUBBED_CHARS]
-        masked = _scrub_shapes(self._scrub(head) if self._scrub is not None else head, cards=False, account_ids=False)
-        if masked == head:
-            return None  # shown as it is: what is past the head is past what a view shows too
-        if len(value) == len(head):
-            return masked
-        self.cut += len(value[len(head):].encode("utf-8"))
-        return masked + MASK
+        masked, cut = _scrubbed(value, self._masked)
+        if masked == value:
+            return None
+        self.cut += cut
+        return masked + MASK if cut else masked
+
+    def _masked(self, text: str) -> str:
+        """``text`` with the request's secret values and the secrets its shape gives away masked."""
+        return _scrub_shapes(self._scrub(text) if self._scrub is not None else text, cards=False, account_ids=False)
+
+
+def _scrubbed(text: str, scrub: Callable[[str], str]) -> tuple[str, int]:
+    """``text`` masked by ``scrub`` as a view shows it, and the UTF-8 bytes it leaves out. Its first
+    :data:`_SCRUBBED_CHARS` characters are read. Where ``text`` is longer and masking changes them, masking may shorten
+    them enough to bring their end into view, so only the common start of the two readings, those characters masked
+    and the first :data:`_SECRET_CHARS` fewer masked, is kept: a secret of up to :data:`_SECRET_CHARS` characters
+    that runs past the longer reading's end is not in the shorter one, one that runs past the shorter's end is masked
+    whole in the longer one, and either way the readings part at its start. What is left out (counted): ``text``
+    past the shorter reading, and what that reading shows past the common start. Where masking changes nothing,
+    ``text`` is returned whole (what is past the part read is past what a view shows too)."""
+    head = text[:_SCRUBBED_CHARS]
+    masked = scrub(head)
+    if len(text) == len(head) or masked == head:
+        return masked + text[len(head):], 0
+    shorter = scrub(head[:-_SECRET_CHARS])
+    same = next((i for i, (a, b) in enumerate(zip(masked, shorter)) if a != b), min(len(masked), len(shorter)))
+    left = len(text[len(head) - _SECRET_CHARS:].encode("utf-8")) + len(shorter[same:].encode("utf-8"))
+    return masked[:same], left
 
 
 @dataclass
@@ -280,7 +303,8 @@ class _View:
         masked: how many values (or places, in a text body) were masked outside a secret-named field's own value.
         credentials: how many secret-named fields' own values were masked as credentials (not counted as unseen).
         unread: characters of the body not read (the views were past the cut already).
-        cut: UTF-8 bytes of values past the characters read for secrets, each value's rest shown as one :data:`MASK`.
+        cut: UTF-8 bytes left out past the characters read for secrets (:func:`_scrubbed`), a value's rest shown as
+            one :data:`MASK`.
         hidden: the paths of the secret-named fields' masked values that do not read as a credential.
     """
 
@@ -745,12 +769,11 @@ def _cut(text: str, limit: int) -> tuple[str, int]:
 
 def _text_view(text: str, subject: HttpSubject) -> _View:
     """A body that is neither JSON nor a form: the request's secret values masked wherever the text repeats them
-    (:func:`redact_secrets`, as the item's state is masked), each place counted; its first :data:`_SCRUBBED_CHARS`
-    characters read, the rest past what a view shows (``unread``)."""
-    head = text[:_SCRUBBED_CHARS]
-    masked = redact_secrets(head, subject)
-    places = masked.count(MASK) - head.count(MASK)
-    return _View(masked, masked=max(places, 1) if masked != head else 0, unread=text[_SCRUBBED_CHARS:])
+    (:func:`redact_secrets`, as the item's state is masked), each place counted; read as :func:`_scrubbed` reads it,
+    what that leaves out counted as ``cut``."""
+    masked, left = _scrubbed(text, lambda head: redact_secrets(head, subject))
+    places = masked.count(MASK) - text[:_SCRUBBED_CHARS].count(MASK)
+    return _View(masked, masked=max(places, 1) if masked != text else 0, cut=left)
 
 
 def _json_view(text: str, repeats: _Repeats, limit: int) -> _View:

@@ -903,3 +903,36 @@ def test_a_value_whose_masked_head_shrinks_never_shows_its_unread_rest(form: boo
     shown = (view["text"] or "") + (view["decoded"] or "")
     assert "ghp_" not in shown and "Hunter2" not in shown and view["complete"] is False
     assert "more bytes not shown" in view["not_shown"]
+
+
+_SHRINKING_KEYS = " ".join(f"sk-{i:04d}{'A' * 40}" for i in range(200))  # 8.8 K characters, 6.8 K fewer masked
+
+
+@pytest.mark.parametrize("content_type", ["application/json", FORM, "text/plain"])
+@pytest.mark.parametrize(("secret", "headers"), [
+    pytest.param("ghp_Ab3dE6" + "Q" * 30, {}, id="key"),
+    pytest.param("postgres://app:Hunter2SecretPassw0rd@db/prod", {}, id="url-password"),
+    pytest.param("s3cr3t-T0ken-" + "Z" * 40, {"authorization": "Bearer s3cr3t-T0ken-" + "Z" * 40}, id="own-bearer"),
+])
+def test_a_secret_across_the_end_of_what_is_read_is_not_shown_in_part(content_type: str, secret: str,
+                                                                      headers: dict[str, str]) -> None:
+    """A string is read for secrets to its first 36,864 characters; where masking shortened that part by 4,096
+    characters or more, a secret running past its end came into view unmasked in part (``ghp_Ab3dE6QQQQQQQQQQ``,
+    16 of a URL's 19 password characters, the head of the request's own bearer token: review finding): what is shown
+    of it is only what reading 4,096 characters fewer shows too, so a secret near the end is not shown at all."""
+    from guard.asgi._body_view import _SCRUBBED_CHARS
+
+    start = _SCRUBBED_CHARS - 20  # the secret's first 20 characters are read, the rest not
+    note = _SHRINKING_KEYS + " " + "x" * (start - len(_SHRINKING_KEYS) - 2) + " " + secret + " end"
+    assert note.index(secret) == start
+    if content_type == FORM:
+        body, fields = f"note={quote_plus(note)}".encode(), {"note": [note]}
+    elif content_type == "text/plain":
+        body, fields = note.encode(), note
+    else:
+        body, fields = json.dumps({"note": note}).encode(), {"note": note}
+    subject = HttpSubject(method="POST", path="/v1/x", content_type=content_type, body=fields, headers=headers)
+    view = shown_body(subject, body)
+    shown = (view["text"] or "") + (view["decoded"] or "")
+    assert secret[:6] not in shown and "Hunter" not in shown
+    assert view["complete"] is False and "more bytes not shown" in view["not_shown"]
