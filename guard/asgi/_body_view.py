@@ -153,11 +153,10 @@ _MAX_DECODINGS = 3
 #: and cp1252 text share these bytes, so text in any of them, after random bytes, before a stray byte or NUL padding,
 #: holds such runs; random bytes hold one hardly ever (none in 100,000 random base64 keys of 24 to 128 bytes).
 _ASCII_RUN = re.compile(rb"[\x20-\x7e]{20,}")
-#: Four words or more of two letters or more, one byte that is not a letter between each two (a blank, a tab, a
-#: newline, a NUL, a Latin-1 byte): text whose words are split by bytes that end an :data:`_ASCII_RUN`
-#: (:func:`_holds_words`).
-_WORD_RUN = re.compile(rb"(?<![A-Za-z])[A-Za-z]{2,}(?:[^A-Za-z][A-Za-z]{2,}){3,}")
-_LETTERS = re.compile(rb"[A-Za-z]+")
+#: Four runs of letters or more, each of two letters or more, bytes that are not letters between each two (blanks,
+#: tabs, CRLF, NULs, Latin-1 bytes, as many as there are): text whose words are split by bytes that end an
+#: :data:`_ASCII_RUN` (:func:`_holds_words`).
+_WORD_RUN = re.compile(rb"(?<![A-Za-z])[A-Za-z]{2,}(?:[^A-Za-z]+[A-Za-z]{2,}){3,}")
 #: Separators a token's groups may be joined by (``SWdub3Jl-IGFsbCBw``, ``4967-6e6f``), taken out before it is decoded.
 _GROUP_SEPARATORS = re.compile(r"[-_.~]")
 _HEX_DIGITS = re.compile(r"[0-9a-fA-F]+")
@@ -540,15 +539,20 @@ def _holds_text(value: str) -> bool:
 
 
 def _holds_words(data: bytes) -> bool:
-    """Whether ``data`` holds a run of words (:data:`_WORD_RUN`) of which three or more are common English words
-    (:func:`~guard._english.english_words`) of three letters or more, with 70 % of the run's letters or more: words
-    split by tabs, newlines, NULs or other control or Latin-1 bytes; random bytes hardly ever do (none in 100,000
-    random base64 keys of 24 to 128 bytes)."""
+    """Whether ``data`` holds a run of words (:data:`_WORD_RUN`) that reads as text: its pieces (:data:`_PIECE`,
+    camelCase split) hold three or more common English words (:func:`~guard._english.english_words`) of three letters
+    or more, with 70 % of the run's letters or more, or its letters read as words run together
+    (:func:`_letters_read_as_words`: ``IGNOREALLPREVIOUS``). So words split by tabs, CRLF, NULs or other control or
+    Latin-1 bytes, one or many, are found, camelCase or in capitals; random bytes hardly ever are (none in 300,000
+    random keys of 16 to 128 bytes in base64, base64url and hex)."""
     common = english_words()
     for run in _WORD_RUN.finditer(data):
-        words = _LETTERS.findall(run.group())
-        found = [word for word in words if len(word) >= 3 and word.decode("ascii").lower() in common]
-        if len(found) >= 3 and sum(map(len, found)) * 10 >= sum(map(len, words)) * 7:
+        text = run.group().decode("latin-1")
+        pieces = [piece for piece in _PIECE.findall(text) if not piece.isdigit()]
+        found = [piece for piece in pieces if len(piece) >= 3 and piece.lower() in common]
+        if len(found) >= 3 and sum(map(len, found)) * 10 >= sum(map(len, pieces)) * 7:
+            return True
+        if _letters_read_as_words(text):
             return True
     return False
 
