@@ -202,6 +202,9 @@ class TurnMessage:
             a value they named stays tainted though the rest of the result repeats it.
         arguments: of a ``tool`` message, the arguments of the call it answers (``None`` when not known): a value
             the result repeats from them (``sent 90 EUR to X``, ``X is valid``) is not one the tool gave.
+        result_name: of a ``tool`` message, the name the result itself carries (``None``: none). A router's or MCP
+            proxy's result is named after the inner tool (``sandbox`` for the call ``dispatch``): where this name
+            differs from ``tool_name``, the result is evidence only where both names give it.
     """
 
     role: Literal["system", "user", "assistant", "tool", "agent"]
@@ -211,6 +214,7 @@ class TurnMessage:
     flagged: Literal["withheld", "quoted", "stripped", "summarized"] | None = None
     cut: str = ""
     arguments: Any = None
+    result_name: str | None = None
 
 
 @dataclass(frozen=True)

@@ -495,7 +495,8 @@ def turn_history(
     step (:func:`~guard.agents._content.message_text`, worked out again for a message changed since). Each tool
     result carries the arguments of the call it answers (``arguments``), from the model turn that made it, and the
     name of the tool that call named (:func:`_answered`: the message's own ``name`` only when no call has its id,
-    OpenAI's tool messages carry none; no tool when calls that share its id leave it open)."""
+    OpenAI's tool messages carry none; no tool when calls that share its id leave it open), and its own name
+    (``result_name``: a router's result named after the inner tool gives evidence only where both names do)."""
     out: list[TurnMessage] = []
     calls: dict[str | None, list[tuple[str, Any]]] = {}  # tool_call_id -> (tool name, arguments) of each call with it
     messages = state_messages(state, messages_key)
@@ -509,9 +510,9 @@ def turn_history(
             flagged = outcome if outcome in FLAGGED_RESULT_OUTCOMES else None
             cut = data.get("cut") if flagged == "stripped" and isinstance(data, Mapping) else None
             cut = cut[:MAX_CUT_CHARS] if isinstance(cut, str) else ""  # guard writes no more (a tool's own copy may)
-            tool, call_id = (message.name, message.tool_call_id) if isinstance(message, ToolMessage) else added
-            tool, arguments = _answered(calls.get(call_id), tool)
-            out.append(TurnMessage("tool", _text(message, texts), tool, call_id, flagged, cut, arguments))
+            named, call_id = (message.name, message.tool_call_id) if isinstance(message, ToolMessage) else added
+            tool, arguments = _answered(calls.get(call_id), named)
+            out.append(TurnMessage("tool", _text(message, texts), tool, call_id, flagged, cut, arguments, named or None))
         elif id(message) in relayed:
             summary = message.id is not None and message.id in summarized
             out.append(TurnMessage("agent", _text(message, texts), flagged="summarized" if summary else None))

@@ -661,12 +661,14 @@ def _repeated(history: Sequence[TurnMessage], tools: Mapping[str, ToolSpec]) -> 
     """For each message of ``history``, the arguments (:attr:`~guard.subject.TurnMessage.arguments`) of calls a tool
     result there may only repeat: those of the call it answers, and those of every call answered before it that
     ``tools`` does not declare ``read_only`` (what it did shows in later reads: a payment in the account's history,
-    a file written then read); ``None`` for a result of a tool that gives no evidence (:func:`gives_evidence`)."""
+    a file written then read); ``None`` for a result that gives no evidence (:func:`gives_evidence`): its tool's, or
+    the name it carries itself where that differs (:attr:`~guard.subject.TurnMessage.result_name`)."""
     out: list[tuple[Any, ...] | None] = []
     sent: list[Any] = []
     for message in history:
         own = () if message.role != "tool" or message.arguments is None else (message.arguments,)
-        evidence = message.role != "tool" or gives_evidence(tools, message.tool_name)
+        names = (message.tool_name, message.result_name or message.tool_name)
+        evidence = message.role != "tool" or all(gives_evidence(tools, name) for name in names)
         out.append((*sent, *own) if evidence else None)
         if own and resolved_effect(tools, message.tool_name, "unknown") != "read_only":
             sent.append(message.arguments)

@@ -20,7 +20,7 @@ from guard.agents._records import turn_history
 from guard.engine import Guard
 from guard.engine.telemetry import DecisionLog
 from guard.policy import load_files
-from guard.policy.provenance import trace_arguments
+from guard.policy.provenance import ToolSpec, trace_arguments
 from tests._backends import ScriptedBackend
 from tests.agents._fakes import INJECTION, Runs, answer, counting_tools, model
 
@@ -389,3 +389,20 @@ def test_a_results_name_that_differs_from_its_one_calls_only_in_form_is_that_cal
         assert history[-1].tool_name is None, named
     orphan = turn_history({"messages": [user, ToolMessage(content=IBAN, tool_call_id="c9", name="")]})
     assert orphan[-1].tool_name is None
+
+
+def test_a_result_named_after_another_tool_than_its_call_gives_evidence_only_where_both_names_do() -> None:
+    """A router's or MCP proxy's result is named after the inner tool: the ``dispatch`` call's result named ``sandbox``
+    was read as ``dispatch``'s alone, so the policy's ``sandbox: evidence: false`` was lost and the IBAN it printed
+    was a ``tool_result`` (review finding). Such a result gives evidence only where both names do: either one
+    declared ``evidence: false`` or a code tool makes it none."""
+    user = HumanMessage("Pay my landlord the rent, 1200 EUR.")
+    tools = {"sandbox": ToolSpec(evidence=False), "run_sql": ToolSpec(evidence=False)}
+    for called, named in (("dispatch", "sandbox"), ("sandbox", "dispatch"), ("call_tool", "run_sql"),
+                          ("mcp__proxy__call_tool", "run_sql"), ("dispatch", "python")):  # fmt: skip
+        call = AIMessage(content="", tool_calls=[{"name": called, "args": {"task": "landlord"}, "id": "c1"}])
+        history = turn_history({"messages": [user, call, ToolMessage(content=IBAN, tool_call_id="c1", name=named)]})
+        assert trace_arguments({"recipient": IBAN}, history, tools=tools)["recipient"].source == "none", named
+    call = AIMessage(content="", tool_calls=[{"name": "call_tool", "args": {"task": "landlord"}, "id": "c1"}])
+    history = turn_history({"messages": [user, call, ToolMessage(content=IBAN, tool_call_id="c1", name="get_iban")]})
+    assert trace_arguments({"recipient": IBAN}, history, tools=tools)["recipient"].source == "tool_result"
