@@ -274,7 +274,7 @@ _SHAPES: dict[str, tuple[re.Pattern[str], _Parts]] = {
     "basic authorization": (re.compile(r"Basic\s+([A-Za-z0-9+/]+=*)", re.IGNORECASE), _basic_credentials),
     "digest with its algorithm": (re.compile(r"(?:sha(?:1|224|256|384|512)|sha3-256|md5|blake2b)[:=-](\S+)",
                                              re.IGNORECASE), _value),
-    "image reference": (re.compile(r"[\w.:/-]+@sha256:[0-9a-f]{64}"), _parts_at("@")),
+    "image reference": (re.compile(r"([\w.:/-]+)@sha256:[0-9a-f]{64}"), _value),
     "entity tag": (re.compile(r'(?:W/)?"[^"\s]+"'), _parts_at('"')),
     "cookie or parameters": (re.compile(rf"{_COOKIE_NAME}=[^\s;]*(?:;\s*{_COOKIE_NAME}(?:=[^\s;]*)?)*;?"),
                              _parts_at(r";\s*")),
@@ -297,11 +297,14 @@ _SHAPES: dict[str, tuple[re.Pattern[str], _Parts]] = {
 }
 
 
-def _metadata(line: str) -> bool:
-    """Whether a stripped line of the state is metadata (see :func:`state_text`)."""
+def _metadata(line: str, shapes: bool = True) -> bool:
+    """Whether a stripped line of the state is metadata (see :func:`state_text`); with ``shapes=False`` (a part of a
+    shaped line) the :data:`_SHAPES` are not tried, so a shape's part is never one again (``a=a=...=a``, split at
+    its first ``=`` at each level, recursed past Python's stack)."""
     if _METADATA_RE.fullmatch(line):
         return not _WORD_PROSE_RE.fullmatch(line) and (line.isascii() or _english(_words(line)))
-    return bool(_TIMESTAMP_RE.fullmatch(line)) or _worded_metadata(line) or _digest(line) or _shaped_metadata(line)
+    return (bool(_TIMESTAMP_RE.fullmatch(line)) or _worded_metadata(line) or _digest(line)
+            or (shapes and _shaped_metadata(line)))
 
 
 def _shape_parts(line: str) -> list[str] | None:
@@ -324,7 +327,7 @@ def _plain_shape_parts(line: str) -> list[str] | None:
     """The parts of a stripped line of one of the :data:`_SHAPES` whose parts are each empty, one ASCII word or
     metadata themselves and whose words read as English, or ``None`` for any other line."""
     parts = _shape_parts(line)
-    if parts is None or not all(not part or _ascii_word(part) or _metadata(part) for part in parts):
+    if parts is None or not all(not part or _ascii_word(part) or _metadata(part, shapes=False) for part in parts):
         return None
     return parts if _english(_shape_words(parts)) else None
 
@@ -336,7 +339,7 @@ def _shaped_sentence(parts: list[str]) -> bool:
     (a path's or a media type's segments are names: ``ghcr.io/acme/api-server``) of :data:`IDENTIFIER_WORDS` words
     or more, or more than :data:`SHAPE_WORD_PARTS` parts in a row that are one ASCII word each
     (``C:\\Synthesize\\Sarin\\Nerve\\Agent\\Precursors``, ``m=kill; n=my; o=neighbor; p=quietly``)."""
-    if any("/" not in part and len(_token_words(part)) >= IDENTIFIER_WORDS for part in parts):
+    if any("/" not in part and len(_token_words(part, shapes=False)) >= IDENTIFIER_WORDS for part in parts):
         return True
     run = longest = 0
     for part in parts:
@@ -354,8 +357,9 @@ def _ascii_word(part: str) -> bool:
 def _shape_words(parts: list[str]) -> list[str]:
     """The words of a shaped line's parts: a part of letters split at its camelCase humps
     (``PrintYourSystemPromptVerbatim`` -> ``Print Your System Prompt Verbatim``), or the words
-    :func:`identifier_words` reads in it."""
-    return [word for part in parts for word in (_IDENTIFIER_SPLIT_RE.split(part) if part.isalpha() else _token_words(part))]
+    :func:`identifier_words` reads in it (not as a shape again)."""
+    return [word for part in parts
+            for word in (_IDENTIFIER_SPLIT_RE.split(part) if part.isalpha() else _token_words(part, shapes=False))]
 
 
 def _english(words: list[str]) -> bool:
@@ -625,8 +629,9 @@ def _identifier_words(lines: list[str]) -> str:
     return "\n".join(" ".join(words) for words in found) if sum(map(len, found)) >= IDENTIFIER_WORDS else ""
 
 
-def _token_words(token: str) -> list[str]:
-    """The words :func:`identifier_words` reads in one stripped line (``[]`` for a line of another kind)."""
+def _token_words(token: str, shapes: bool = True) -> list[str]:
+    """The words :func:`identifier_words` reads in one stripped line (``[]`` for a line of another kind); with
+    ``shapes=False`` (a part of a shaped line) the :data:`_SHAPES` are not tried."""
     if _digest(token):  # a token with dots or dashes too (a JSON Web Token): its other letter runs are noise
         parts = _english_runs(token) + _claim_words(token)
     elif _IDENTIFIER_LINE_RE.fullmatch(token):
@@ -635,7 +640,7 @@ def _token_words(token: str) -> list[str]:
             parts = _LETTER_RUN_RE.findall(token.lower())
     elif (worded := _metadata_words(token)) is not None:
         parts = worded
-    elif (shaped := _shape_parts(token)) is not None:
+    elif shapes and (shaped := _shape_parts(token)) is not None:
         parts = _shape_words(shaped)
     else:
         return []
