@@ -293,7 +293,7 @@ _SHAPES: dict[str, tuple[re.Pattern[str], _Parts]] = {
                         rf"|(?:{_TIMESTAMP_RE.pattern}) ?(?:UTC|GMT)"
                         rf"|\d{{1,2}}/\d{{1,2}}/\d{{2,4}}(?:,? {_CLOCK}(?: ?[AP]M)?)?", re.IGNORECASE), _no_parts),
     "windows path": (re.compile(r"[A-Za-z]:\\([^\s\\]+(?:\\[^\s\\]+)*)\\?"), _parts_at(r"\\", 1)),
-    "numbered reference": (re.compile(r"[A-Za-z]+ ?#\s?[\w-]*\d[\w-]*"), _parts_at(r"\s*#\s*|\s+")),
+    "numbered reference": (re.compile(r"[A-Za-z]+ ?#\s?(?=[\w-]*\d)[\w-]+"), _parts_at(r"\s*#\s*|\s+")),
 }
 
 

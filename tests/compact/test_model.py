@@ -28,6 +28,7 @@ from guard.compact.model import (
 )
 from guard.compact.records import load_records
 from guard.systemone import SystemOneRequestV1
+from tests._linear import runs_in_time
 from tests.compact.conftest import LONG_METADATA, USER_AGENT, injection_records, write_jsonl
 
 
@@ -288,6 +289,19 @@ def test_a_shape_inside_a_shapes_part_is_not_read_again() -> None:
     value = "a=" * 2000
     assert state_text({"text": text, "v": value}, "text") == f"{text}\n{value}"
     assert identifier_words({"text": text, "v": value}) == ""
+
+
+def test_a_long_numbered_reference_is_read_in_linear_time() -> None:
+    """``Order #`` and 400,000 digits that end in a character no reference holds: milliseconds when the shape is
+    matched in linear time, about 20 minutes when each digit is tried as the one a reference must hold (16,000 digits
+    took 2 s)."""
+    code = (
+        "from guard.compact.model import identifier_words, state_text\n"
+        "state = {'text': 'How do I reset my password?', 'ref': 'Order #' + '1' * 400_000 + '!'}\n"
+        "assert state_text(state, 'text').endswith('!')\n"
+        "identifier_words(state)\n"
+    )
+    runs_in_time(code, "the text view of a long numbered reference")
 
 
 def test_camel_case_words_in_shaped_metadata_are_read() -> None:
