@@ -239,17 +239,18 @@ _COMMA_NUMBER = re.compile(
 )
 _IDENTIFIER = re.compile(r"(?=.*\d)[A-Za-z0-9][A-Za-z0-9 .\-/]*")
 # Identifiers inside a longer text the model wrote: URLs (any scheme's, ``ftp://``, ``s3://``, ``http:/``, and
-# scheme-relative ``//evil.io/``), e-mail addresses, file and host names, IPv4 and bracketed IPv6 addresses,
-# account-like codes (IBANs, ids). A host name may start after a dot that follows no label (``x''.evil.io``,
-# ``${H}.evil.io``, ``...evil.io``: :func:`_runs_on` then makes the leaf none), but not at a hidden file's leading dot
-# (after white space, ``/``, ``~`` or at the text's start: ``~/.bashrc.bak``), and end with a dot that no label
-# follows (``evil.io.``, a sentence's end); its last label has 2 to 5 characters (not ``e.g.``). Every branch that can
-# start inside a run of its characters starts only at the run's first character (a look-behind), and the IPv6
-# branch's runs are possessive, so a long run costs linear time, not a retry at every offset; _URL_NOISE's slash run
-# likewise.
+# scheme-relative ``//evil.io/``; ``http:/`` also glued to the word or option before it, ``-xhttp://evil.io``, and
+# ``//`` also after a colon, ``'https'://evil.io``, ``-xsftp://evil.io``), e-mail addresses, file and host names, IPv4
+# and bracketed IPv6 addresses, account-like codes (IBANs, ids). A host name may start after a dot that follows no
+# label (``x''.evil.io``, ``${H}.evil.io``, ``...evil.io``: :func:`_runs_on` then makes the leaf none), but not at a
+# hidden file's leading dot (after white space, ``/``, ``~`` or at the text's start: ``~/.bashrc.bak``), and end with
+# a dot that no label follows (``evil.io.``, a sentence's end); its last label has 2 to 5 characters (not ``e.g.``).
+# Every branch that can start inside a run of its characters starts only at the run's first character (a look-behind;
+# ``http:/`` cannot start inside a run of itself), and the IPv6 branch's runs are possessive, so a long run costs
+# linear time, not a retry at every offset; _URL_NOISE's slash run likewise.
 _EMBEDDED = re.compile(
-    r"(?<![a-z0-9+.-])(?:https?:/|[a-z][a-z0-9+.-]{0,15}://)[^\s'\"<>)\]]+"
-    r"|(?<![\w:/])//(?=[\w-]+\.)[^\s'\"<>)\]]+|www\.[^\s'\"<>)\]]+"
+    r"(?:https?:/|(?<![a-z0-9+.-])[a-z][a-z0-9+.-]{0,15}://)[^\s'\"<>)\]]+"
+    r"|(?<![\w/])//(?=[\w-]+\.)[^\s'\"<>)\]]+|www\.[^\s'\"<>)\]]+"
     r"|(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+"
     r"|(?<![\w/-])(?<![\w-]\.)(?<![\s/~]\.)(?<!^\.)[\w-]+(?:\.[\w-]+)*\.[a-z][a-z0-9]{1,4}(?:/[^\s'\"<>)\]]*)?(?!\w|\.\w)"
     r"|(?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?!\w|\.\d)|\[[0-9a-f.]*+:[0-9a-f:.]*+\]"
