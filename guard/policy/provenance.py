@@ -257,6 +257,10 @@ _EMBEDDED = re.compile(
     r"|\b(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{12,34}\b",
     re.IGNORECASE,
 )
+# What a shell drops from a word and hides a host name with (:func:`_embedded` reads a text also without them): quotes
+# (``evil.'io'``, ``https:/'/evil.io``) and a backslash (``https:\/\/evil.io``, ``evil\.io``), with the letter or digit
+# after it, an escape such as ``\n`` in code (a backslash before a letter already makes the leaf none: ``e\vil.io``).
+_SHELL_QUOTING = re.compile(r"['\"]|\\[^\W_]?")
 # How an :data:`_EMBEDDED` URL starts: its scheme, ``//`` or ``www.``.
 _URL_START = re.compile(r"https?:/|[a-z][a-z0-9+.-]{0,15}://|//|www\.", re.IGNORECASE)
 
@@ -580,23 +584,27 @@ def _embedded(value: Any) -> list[_Value] | None:
     found in the leaf as a host name reads (:func:`_as_host`: ``bob@example.com<soft hyphen>.evil.io`` is one address
     under ``evil.io``); ``None`` when an address, host name or URL runs on into a character next to it
     (:func:`_runs_on`: ``example.com`` and U+0F0B or U+0334 is another host), or when it holds more than
-    :data:`MAX_EMBEDDED` different ones, so the leaf cannot be traced by them; each is given once."""
+    :data:`MAX_EMBEDDED` different ones, so the leaf cannot be traced by them; each is given once. The leaf is read
+    as given and, when it holds quotes or backslashes, also without them as a shell reads it
+    (:data:`_SHELL_QUOTING`: ``https:\\/\\/evil.io`` is ``https://evil.io``)."""
     if not isinstance(value, str) or len(value) < 2 * MIN_TEXT_CHARS:
         return []
     text = _as_host(value)
+    unquoted = _SHELL_QUOTING.sub("", text)
     tokens: set[str] = set()
     out = []
-    for match in _EMBEDDED.finditer(text):
-        if not match.group().isalnum() and _runs_on(text, match.start(), match.end()):
-            return None
-        token = match.group().rstrip(".,;:!?")
-        if token.strip() != text.strip() and token not in tokens:
-            tokens.add(token)
-            if len(tokens) > MAX_EMBEDDED:
+    for reading in (text, unquoted) if unquoted != text else (text,):
+        for match in _EMBEDDED.finditer(reading):
+            if not match.group().isalnum() and _runs_on(reading, match.start(), match.end()):
                 return None
-            found = _value(token)
-            if found is not None:
-                out.append(found)
+            token = match.group().rstrip(".,;:!?")
+            if token.strip() != reading.strip() and token not in tokens:
+                tokens.add(token)
+                if len(tokens) > MAX_EMBEDDED:
+                    return None
+                found = _value(token)
+                if found is not None:
+                    out.append(found)
     return out
 
 
