@@ -143,10 +143,10 @@ MAX_EMBEDDED = 256
 #: ``bearly_interpreter``, ``riza_exec_python`` and ``wolfram_alpha``; smolagents' ``python_interpreter``; OpenHands'
 #: ``execute_bash`` and ``execute_ipython_cell``; Cline's ``execute_command``; Gemini CLI's ``run_shell_command``; VS
 #: Code's ``run_in_terminal``; Codex's ``container.exec``; Cursor's ``run_terminal_cmd``; mcp-run-python's
-#: ``run_python_code``; Semantic Kernel's ``SessionsPythonTool-execute_code``; Desktop Commander's
-#: ``start_process`` and ``interact_with_process``; and the common generic names (``python``, ``python3``, ``node``,
-#: ``deno``, ``run_code``, ``run_script``, ``code_executor``, ``shell_exec``, ``calc``, ``calculate``, ``evaluate``
-#: ...). Their results print what the model's code computed, so they are no evidence unless the
+#: ``run_python_code``; Desktop Commander's ``start_process`` and ``interact_with_process``; and the common generic
+#: names (``python``, ``python3``, ``node``, ``deno``, ``run_code``, ``run_script``, ``code_executor``, ``shell_exec``,
+#: ``calc``, ``calculate``, ``evaluate`` ...), also as a kebab-case name's function (Semantic Kernel's
+#: ``SessionsPythonTool-execute_code``: :func:`is_code_tool`). Their results print what the model's code computed, so they are no evidence unless the
 #: policy's tools say ``evidence: true``. No list names every such tool: a policy declares the others
 #: ``evidence: false``.
 CODE_TOOLS = frozenset({
@@ -158,7 +158,7 @@ CODE_TOOLS = frozenset({
     "exec_command", "run_command", "bash_tool", "sh", "zsh", "powershell", "cmd", "ipython", "jupyter", "repl",
     "eval", "calc", "math", "llm_math", "python_repl_tool", "run_python_code", "run_terminal_cmd", "python3", "node",
     "nodejs", "deno", "code_executor", "start_process", "interact_with_process", "calculate", "execute_javascript",
-    "run_script", "evaluate", "SessionsPythonTool-execute_code",
+    "run_script", "evaluate",
 })  # fmt: skip
 
 
@@ -630,18 +630,38 @@ def _leaves(value: Any) -> Iterable[Any]:
 
 
 _CODE_NAMES = frozenset(_NOT_ALNUM.sub("", _fold(name)) for name in CODE_TOOLS)
+# The code tool names of two words or more (run_code, execute_code, run_command), and the shells' names: the last word
+# of a kebab-case name that is one of these names a code function (Semantic Kernel's Plugin-Function:
+# ShellPlugin-run_command, SessionsPythonPlugin-ExecuteCode; e2b-run_code, mcp-shell-bash), a word such as node,
+# calculate or evaluate only in a plugin named for code (MathPlugin-Calculate; not get-node, tax-calculate).
+_FUNCTION_NAMES = frozenset(
+    _NOT_ALNUM.sub("", _fold(name)) for name in CODE_TOOLS if "_" in name
+) | {"bash", "sh", "zsh", "shell", "powershell"}
 # What parts a namespaced tool name: functions.python, mcp__shell__bash, container.exec, tools/python, server:bash
-# (not "-", which joins the words of kebab-case names: get-node, tax-calculate).
+# (not "-", which joins the words of kebab-case names: get-node, tax-calculate; :func:`_code_function` reads those).
 _NAMESPACE = re.compile(r"__|[./:]")
 
 
 def is_code_tool(tool: str) -> bool:
     """Whether ``tool`` is one of :data:`CODE_TOOLS`: its name or the last part of a namespaced one
     (``functions.python``, ``mcp__shell__bash``, ``container.exec``; not a server's or namespace's name,
-    ``mcp__python__search_pypi``, nor a word of a kebab-case name, ``get-node``), compared in letters and digits only,
-    NFKC-normalised and lower-cased (``Code Interpreter``, ``PythonREPL`` and ``python-repl`` are
-    ``code_interpreter`` and ``python_repl``)."""
-    return any(key in _CODE_NAMES for key in _tool_keys(tool))
+    ``mcp__python__search_pypi``), compared in letters and digits only, NFKC-normalised and lower-cased (``Code
+    Interpreter``, ``PythonREPL`` and ``python-repl`` are ``code_interpreter`` and ``python_repl``); or a code
+    function of a kebab-case name (:func:`_code_function`: ``ShellPlugin-run_command``, not ``get-node``)."""
+    return any(key in _CODE_NAMES for key in _tool_keys(tool)) or _code_function(tool)
+
+
+def _code_function(tool: str) -> bool:
+    """Whether the last word of a kebab-case name (of its last namespaced part) names a code function: a code tool
+    name of two words or more or a shell's (``SessionsPythonPlugin-ExecuteCode``, ``e2b-run_code``,
+    ``mcp-shell-bash``), or a code tool name after a plugin named for code, ``Plugin`` or ``Tool`` dropped
+    (``MathPlugin-Calculate``, ``python-eval``; not ``tax-calculate``, ``model-evaluate``, ``get-node``)."""
+    *words, function = _NAMESPACE.split(tool)[-1].split("-")
+    if not words:
+        return False
+    name = _NOT_ALNUM.sub("", _fold(function))
+    plugin = _NOT_ALNUM.sub("", _fold(words[-1])).removesuffix("plugin").removesuffix("tool")
+    return name in _FUNCTION_NAMES or (name in _CODE_NAMES and plugin in _CODE_NAMES)
 
 
 def _tool_keys(tool: str) -> tuple[str, str]:

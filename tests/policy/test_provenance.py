@@ -535,6 +535,9 @@ def test_a_tool_that_computes_from_the_models_input_gives_no_evidence() -> None:
     "python_interpreter", "e2b_data_analysis", "run_code", "execute_command", "shell_exec", "bash_tool", "calc",
     "run_python_code", "run_terminal_cmd", "SessionsPythonTool-execute_code", "python3", "node", "nodejs", "deno",
     "CodeExecutor", "code_executor", "start_process", "calculate", "execute_javascript", "run_script", "evaluate",
+    # a kebab-case name's code function: Semantic Kernel's Plugin-Function (review finding: all were evidence)
+    "SessionsPythonPlugin-ExecuteCode", "ShellPlugin-run_command", "MathPlugin-Calculate", "e2b-run_code",
+    "mcp-shell-bash", "mcp__sk__ShellPlugin-run_command",
 ])  # fmt: skip
 def test_a_well_known_code_tool_gives_no_evidence_unless_declared(name: str) -> None:
     """A client shell, Python REPL or calculator the policy does not declare prints what the model asked for
@@ -557,7 +560,8 @@ def test_a_well_known_code_tool_gives_no_evidence_unless_declared(name: str) -> 
 def test_a_tool_on_a_server_with_a_code_like_name_is_evidence(name: str) -> None:
     """A lookup on a server or in a namespace named ``python`` or ``shell``, or a kebab-case lookup ending in a code
     tool's name (``get-node``), counted as code by that part, so the IBAN it listed was no evidence (review
-    finding): only the whole name and its last part past a namespace separator (not ``-``) count."""
+    finding): only the whole name and its last part past a namespace separator count, and the last word of a
+    kebab-case name only when it names a code function (``ShellPlugin-run_command``, ``MathPlugin-Calculate``)."""
     listed = TurnMessage("tool", "Landlord: GB33BUKB20201555555555", name, "c1", arguments={"query": "landlord"})
     assert source({"to": "GB33BUKB20201555555555"}, USER, listed) == {"to": "tool_result"}
 
