@@ -75,8 +75,9 @@ part of a longer address, host name or number (:func:`_marks`)):
   ``0.500`` are ``0.5`` only).
 
 Cost: each message's normalised forms are computed once per text (remembered for the last
-:data:`CACHED_TEXTS` texts); a lookup is a few substring searches per argument. ``bench/provenance_latency.py``
-measures a 10-message turn.
+:data:`CACHED_TEXTS` texts); a lookup is a few substring searches per argument, and a trace checks at most
+:data:`MAX_REJECTED` places where a value is found but not as a whole token (past them the argument is ``none``).
+``bench/provenance_latency.py`` measures a 10-message turn.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import cached_property, lru_cache
@@ -136,6 +138,11 @@ MIN_TEXT_CHARS = 3
 #: Different identifiers inside one composed text (:func:`_embedded`) traced one by one; a text holding more (a
 #: command pinging thousands of addresses, each traced through the whole history) is traced to no source.
 MAX_EMBEDDED = 256
+#: Places in a text where a value is found but not as a whole token (:func:`_contains`, :func:`_in_compact`) that one
+#: :func:`trace_arguments` run checks one by one; past them the argument being traced, and each after it, is ``none``
+#: (a text that holds a value at many thousands of such places: ``ab.ab.ab`` against ``ab.ab.ab.ab...``). Those an
+#: ASCII neighbour rules out are skipped by a regular expression (:func:`_near_misses`) and not counted.
+MAX_REJECTED = 100_000
 #: Tools that compute their output from the model's input, by name (:func:`is_code_tool` compares them): provider code
 #: execution (Anthropic's ``code_execution`` and, from 2025-08-25, ``bash_code_execution`` and
 #: ``text_editor_code_execution``, Google's ``code_execution``, OpenAI's ``code_interpreter`` and its shells,
@@ -529,10 +536,12 @@ def _continues(neighbour: str, edge: str, joined: bool) -> bool:
 
 def _contains(text: str, needle: str, marks: str | None, joined: bool = False) -> bool:
     """Whether ``needle`` is in ``text``: anywhere when ``marks`` is None, else as whole tokens (:func:`_continues`),
-    not right after one of ``marks`` and not right before one followed by a letter or digit."""
+    not right after one of ``marks`` and not right before one followed by a letter or digit. Past a few places that
+    are not whole tokens, the next are found by :func:`_near_misses`; each one checked counts against the trace's
+    :data:`MAX_REJECTED`."""
     if marks is None:
         return needle in text
-    at = text.find(needle)
+    at, checked = text.find(needle), 0
     while at != -1:
         end = at + len(needle)
         before = at > 0 and (text[at - 1] in marks or _continues(text[at - 1], needle[0], joined))
@@ -542,18 +551,73 @@ def _contains(text: str, needle: str, marks: str | None, joined: bool = False) -
         )
         if not before and not after:
             return True
-        at = text.find(needle, at + 1)
+        _reject()
+        checked += 1
+        if checked < _FOUND_BEFORE_PATTERN:
+            at = text.find(needle, at + 1)
+        else:
+            found = _near_misses(needle, marks, joined).search(text, at + 1)
+            at = found.start() if found else -1
     return False
+
+
+# Places :func:`_contains` finds with ``str.find`` before it searches with :func:`_near_misses`' pattern.
+_FOUND_BEFORE_PATTERN = 8
+
+
+@lru_cache(maxsize=CACHED_TEXTS)
+def _near_misses(needle: str, marks: str, joined: bool) -> re.Pattern[str]:
+    """A pattern of ``needle`` that leaves out the places :func:`_contains` rules out for an ASCII neighbour: after
+    one of ``marks`` or an ASCII letter or digit that continues its first character, before one that continues its
+    last or before one of ``marks`` and a letter or digit; the places it finds are still checked (a neighbour past
+    ASCII). The needle comes first and the look-behind spans it, so a search skips from place to place in linear
+    time, however often the needle overlaps itself."""
+    pattern = re.escape(needle)
+    before = re.escape(marks) + _ascii_kin(needle[0], joined)
+    if before:
+        pattern += rf"(?<![{before}](?s:.){{{len(needle)}}})"
+    after = [rf"[{kin}]" for kin in (_ascii_kin(needle[-1], joined),) if kin]
+    after += [rf"[{re.escape(marks)}][^\W_]"] if marks else []
+    if after:
+        pattern += rf"(?!{'|'.join(after)})"
+    return re.compile(pattern)
+
+
+def _ascii_kin(edge: str, joined: bool) -> str:
+    """The ASCII letters and digits that continue a token ending or starting with ``edge`` (:func:`_continues`), as
+    a character class's ranges."""
+    kind = (_joined_kind if joined else _kind)(edge)
+    return {"digit": "0-9", "latin": "a-zA-Z0-9" if joined else "a-zA-Z"}.get(kind or "", "")
+
+
+class _OverBudget(Exception):
+    """More places than :data:`MAX_REJECTED` checked in one trace."""
+
+
+# The places one trace may still check (:data:`MAX_REJECTED`), set by :func:`trace_arguments`; None: no limit.
+_BUDGET: ContextVar[list[int] | None] = ContextVar("provenance_budget", default=None)
+
+
+def _reject() -> None:
+    """Count one place a value was found but not as a whole token; raise :class:`_OverBudget` past the trace's
+    :data:`MAX_REJECTED`."""
+    budget = _BUDGET.get()
+    if budget is not None:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _OverBudget
 
 
 def _in_compact(needle: str, haystack: _Prepared) -> bool:
     """Whether ``needle`` (letters and digits only) is in the text's compact form as whole tokens: starting where
-    one starts and ending where one ends (``gb29nwbk6016`` in ``GB29 NWBK 6016``, not in ``XGB29 NWBK 6016``)."""
+    one starts and ending where one ends (``gb29nwbk6016`` in ``GB29 NWBK 6016``, not in ``XGB29 NWBK 6016``); each
+    place it is not counts against the trace's :data:`MAX_REJECTED`."""
     at = haystack.compact.find(needle)
     while at != -1:
         starts, ends = haystack.compact_bounds  # computed once per text, and only for a text holding the needle
         if at in starts and at + len(needle) in ends:
             return True
+        _reject()
         at = haystack.compact.find(needle, at + 1)
     return False
 
@@ -913,8 +977,15 @@ def trace_arguments(
                     found = _weakest(map(source_of, inner)) or found
             yield found
 
-    for name, value in arguments.items():
-        out[name] = _weakest(leaf_sources(name, value)) or ArgumentSource("user", matched=False)
+    budget = _BUDGET.set([MAX_REJECTED])
+    try:
+        for name, value in arguments.items():
+            try:
+                out[name] = _weakest(leaf_sources(name, value)) or ArgumentSource("user", matched=False)
+            except _OverBudget:  # a text built to hold it at too many places that are not whole tokens
+                out[name] = ArgumentSource("none")
+    finally:
+        _BUDGET.reset(budget)
     return out
 
 

@@ -8,6 +8,7 @@ import pytest
 from guard.policy.instructions import find_instructions, strip_spans
 from guard.policy.provenance import MAX_EMBEDDED, ToolSpec, call_features, result_features, trace_arguments
 from guard.subject import TurnMessage
+from tests._linear import runs_in_time
 
 BILL = (
     "Bill for the month of December 2023\nCar Rental 98.70\nTotal 98.70\n"
@@ -780,3 +781,25 @@ def test_an_identifier_split_among_several_calls_arguments_is_an_echo(calls: tup
     lookups = [TurnMessage("tool", "ok", "lookup", "c1", arguments={"country": "GB"}),
                TurnMessage("tool", f"Landlord: {printed}", "lookup", "c2", arguments={"bank": "BUKB"})]  # fmt: skip
     assert source({"to": printed}, USER, *lookups) == {"to": "tool_result"}
+
+
+def test_a_value_found_at_many_places_that_are_not_whole_tokens_is_traced_in_time() -> None:
+    """Each place a value was found but not as a whole token was checked one by one, so 256 host names like
+    ``ab.ab.ab`` against 100 KB of ``ab.`` took 37 s (review finding): the places an ASCII neighbour rules out are
+    skipped by one regular expression search, and past ``MAX_REJECTED`` places checked in one trace (codes like
+    ``A1A1A1A`` across ``a1a-1a1-...``, not whole tokens anywhere) the argument is none."""
+    code = (
+        "from guard.policy.provenance import trace_arguments\n"
+        "from guard.subject import TurnMessage\n"
+        "user = TurnMessage('user', 'Summarise the page.')\n"
+        "hosts = ' '.join('ab.' * k + 'ab' for k in range(1, 257))\n"
+        "page = TurnMessage('tool', 'ab.' * 31_000 + ' end ' + hosts, 'get_webpage', 'c1', arguments={'url': 'x'})\n"
+        "found = trace_arguments({f'b{i}': 'see ' + hosts for i in range(4)}, (user, page))\n"
+        "assert {f.source for f in found.values()} == {'tool_result'}, found\n"
+        "codes = {f'a{k}': 'A1' * k + 'A' for k in range(3, 259)}\n"
+        "page = TurnMessage('tool', 'a1a-1a1-' * 24_000, 'get_webpage', 'c1', arguments={'url': 'x'})\n"
+        "found = trace_arguments(codes, (user, page))\n"
+        "assert {name: f.source for name, f in found.items()} == {\n"
+        "    name: 'tool_result' if len(value) % 3 == 0 else 'none' for name, value in codes.items()}, found\n"
+    )
+    runs_in_time(code, "tracing values found at many places that are not whole tokens")
