@@ -12,11 +12,12 @@ included)::
                                                judged; capped file reads
     guard._buckets, guard._resource, guard._close, guard._urls, guard._english, guard._params, guard._rootpath,
     guard._markup, guard._logevery,            duration histogram bounds; the OTel resource; bounded OTel close; URLs
-    guard._readable                            as logs show them and what a request path may not hold; English words;
+    guard._readable, guard._headers            as logs show them and what a request path may not hold; English words;
                                                parameter names as frameworks read them; the part of an ASGI path a
                                                root path takes; what a parser reads of HTML and XML; one log line
                                                per interval; whether decoded bytes read as text, base64 as its
-                                               readers decode it, and which characters a reader cannot see
+                                               readers decode it, and which characters a reader cannot see; the one
+                                               value of a single-value request header
     guard.systemone                            wire types; the one answer check
     guard.verdict                              the Verdict type
     guard._body                                ASGI body reading and replay (worker and middleware)

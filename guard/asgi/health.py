@@ -2,9 +2,10 @@
 
 Anyone gets the status, ``ready`` and one code per check (:func:`guard.engine.health.public_health`): no error text
 and nothing of the policies. A caller with an admin bearer token (``Authorization: Bearer <token>``; ``guard proxy``
-takes its reviewers' tokens) gets the full report with ``details``. The HTTP status is 200 while ``ready`` (``ok`` or
-``degraded``) and 503 when ``failing``: no policy loaded, a backend that fails every call or its canary, or an
-upstream that cannot be reached (see :mod:`guard.engine.health`).
+takes its reviewers' tokens) gets the full report with ``details``; one sending ``Authorization`` more than once gets
+400 ``repeated_header`` and no report. The HTTP status is 200 while ``ready`` (``ok`` or ``degraded``) and 503 when
+``failing``: no policy loaded, a backend that fails every call or its canary, or an upstream that cannot be reached
+(see :mod:`guard.engine.health`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import secrets
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from guard._headers import sole_header
 from guard.asgi._ratelimit import TokenBuckets, client_key
 from guard.asgi._responses import send_json
 from guard.asgi.review_api import DEFAULT_RATE_LIMIT
 from guard.engine.health import FailureTracker, health_report, public_health
+from guard.errors import BodyError
 from guard.policy.watch import PolicyWatcher
 
 if TYPE_CHECKING:
@@ -57,17 +60,17 @@ class HealthEndpoint:
         self._digests = [hashlib.sha256(t.encode()).digest() for t in admin_tokens]
         self._guesses = TokenBuckets(*DEFAULT_RATE_LIMIT)  # wrong tokens per client address, as the review API's
 
-    def _admin(self, scope: Scope) -> bool:
-        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+    def _admin(self, given: bytes) -> bool:
+        """Whether ``given`` (the ``Authorization`` value) is ``Bearer`` and one of the admin tokens."""
         bearer = given.startswith(b"Bearer ")
         presented = hashlib.sha256(given[7:] if bearer else b"").digest()
         matched = [secrets.compare_digest(presented, d) for d in self._digests]  # all compared: timing tells nothing
         return bearer and any(matched)
 
-    def _guessing(self, scope: Scope) -> float:
+    def _guessing(self, scope: Scope, given: bytes | None) -> float:
         """Seconds a client that sent a wrong token must wait (0 when it may try): the details answer tells whether
         a token is right, so wrong ones are limited per address as the review API limits them."""
-        if not any(k == b"authorization" for k, _ in scope["headers"]):
+        if given is None:
             return 0.0  # a probe: codes only, never limited
         client = scope.get("client")
         return self._guesses.take("client:" + client_key(client[0] if client else None))
@@ -83,9 +86,17 @@ class HealthEndpoint:
         return health_report(self.guard, watcher=self.watcher, parts=parts)
 
     async def __call__(self, scope: Scope, send: Send) -> None:
-        """Send the report: codes only, or everything for an admin; 503 while failing."""
-        admin = self._admin(scope)
-        wait = 0.0 if admin else self._guessing(scope)
+        """Send the report: codes only, or everything for an admin; 503 while failing. A request sending
+        ``Authorization`` more than once gets 400 ``repeated_header`` (field ``authorization``) and no report, before
+        any token is compared (:func:`~guard._headers.sole_header` says why not 401)."""
+        try:
+            given = sole_header(scope["headers"], "authorization")
+        except BodyError as exc:  # two credentials: which one a front proxy checked is unknown
+            await send_json(send, exc.status, {"code": exc.code, "message": exc.reason, "field": exc.field},
+                            [(b"cache-control", b"no-store")])
+            return
+        admin = self._admin(given or b"")
+        wait = 0.0 if admin else self._guessing(scope, given)
         if wait:
             await send_json(send, 429, {"code": "rate_limited", "message": "too many wrong tokens; slow down",
                                         "field": "authorization"},

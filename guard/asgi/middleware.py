@@ -61,6 +61,7 @@ from typing import Any, Literal
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from guard._body import BODY_TIMEOUT, ReplayReceive, declared_length, read_body
+from guard._headers import sole_header
 from guard._rootpath import route_path
 from guard.asgi._decode import REQUEST_ENCODINGS, check_unread_as_sent, decode_content, parse_encodings
 from guard.asgi._handoff import respond_with_handoff
@@ -495,11 +496,8 @@ class GuardMiddleware:
             BodyError: 400 ``repeated_header`` when the tenant header is sent more than once.
         """
         if self.tenant_header is not None:
-            raw = self.tenant_header.encode("latin-1")
-            if sum(1 for k, _ in scope["headers"] if k.lower() == raw) > 1:
-                raise BodyError(400, "repeated_header", f"the {self.tenant_header} header is sent more than once; "
-                                "send it once", field=self.tenant_header)
-            value = headers.get(self.tenant_header, "").strip(" \t")  # as HTTP trims a field (RFC 9110 5.5): not
+            raw = sole_header(scope["headers"], self.tenant_header) or b""
+            value = raw.decode("latin-1").strip(" \t")  # as HTTP trims a field (RFC 9110 5.5): not
             return value or None  # str.strip's NBSP or NEL, which would file "acme\xa0" under acme, sent on as sent
         if self._tenant is not None:
             return self._tenant(head_subject(scope, headers, self.client_header))

@@ -1,7 +1,8 @@
 """The reviewers' API: list, read, approve and reject review items (JSON over HTTP, mountable Starlette routes).
 
 Authentication is on by default: every call sends ``Authorization: Bearer <token>`` with one reviewer's own token,
-and the reviewer recorded on a decision is the token's name (a request body cannot choose it)::
+once (a call sending ``Authorization`` more than once is a 400 ``repeated_header``, whichever copy is valid), and the
+reviewer recorded on a decision is the token's name (a request body cannot choose it)::
 
     reviewers = parse_reviewer_tokens(os.environ["GUARD_REVIEW_TOKENS"])   # "alice:<token>,bob:<token>"
     app = Starlette(routes=[Mount("/admin/reviews", app=review_app(store, reviewers=reviewers))])
@@ -54,9 +55,9 @@ item ids, the reviewer, the tenant, the time, ``accept_unseen_body`` and the SHA
 middleware records a release the same way.
 
 Errors are ``{code, message, field}``: 404 ``review_not_found``, 409 ``review_conflict`` (with the item's
-``status``), 409 ``body_not_shown``, 503 ``review_unavailable``, 400 ``invalid_parameter``, 401 ``unauthorized``,
-403 ``loopback_only``, 413 ``body_too_large``, 415 ``unsupported_media_type``, 429 ``rate_limited``. Releasing an
-approved item is the client's step (``guard/asgi/_reviews.py``) or the agent's
+``status``), 409 ``body_not_shown``, 503 ``review_unavailable``, 400 ``invalid_parameter``, 400 ``repeated_header``,
+401 ``unauthorized``, 403 ``loopback_only``, 413 ``body_too_large``, 415 ``unsupported_media_type``, 429
+``rate_limited``. Releasing an approved item is the client's step (``guard/asgi/_reviews.py``) or the agent's
 (``guard.asgi.review_store.ReviewStore.release``).
 """
 
@@ -79,6 +80,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from guard._body import declared_length, read_body
+from guard._headers import sole_header
 from guard._json import loads
 from guard.asgi._body_view import body_preview
 from guard.asgi._ratelimit import TokenBuckets, client_key
@@ -285,7 +287,8 @@ class _Api:
         self._client_buckets = TokenBuckets(*rate_limit)  # calls without a valid token, per client address
 
     def _reviewer(self, request: Request) -> str | JSONResponse:
-        """The caller's reviewer name, or the 401/403/429 answer."""
+        """The caller's reviewer name, or the 400/401/403/429 answer (400 ``repeated_header`` for ``Authorization``
+        sent more than once, before any token is compared: :func:`~guard._headers.sole_header` says why not 401)."""
         client = request.client.host if request.client else ""
         if not self._digests:
             if not is_loopback(client):
@@ -295,7 +298,10 @@ class _Api:
             if refused is not None:
                 return _error(403, "loopback_only", refused, "origin")
             return self._limited(self._reviewer_buckets, LOOPBACK_REVIEWER) or LOOPBACK_REVIEWER
-        given = request.headers.get("authorization", "")
+        try:
+            given = (sole_header(request.scope["headers"], "authorization") or b"").decode("latin-1")
+        except BodyError as exc:  # two credentials: which one a front proxy checked is unknown
+            return _error(exc.status, exc.code, exc.reason, exc.field)
         presented = hashlib.sha256(given[7:].encode() if given.startswith("Bearer ") else b"").digest()
         found: str | None = None
         for digest, name in self._digests:  # every digest is compared, so the time does not tell which matched

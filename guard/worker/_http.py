@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from guard._body import check_framing
+from guard._headers import REPEATED_HEADER, sole_header
 from guard.backends._providers import MODEL_NOT_FOUND, MODEL_REVISION_HEADER, TIMEOUT_HEADER
 from guard.errors import BodyError
 
@@ -51,7 +52,6 @@ T = TypeVar("T")
 INVALID_JSON = "invalid_json"
 INVALID_REQUEST = "invalid_request"
 INVALID_HEADER = "invalid_header"
-REPEATED_HEADER = "repeated_header"
 BODY_TOO_LARGE = "body_too_large"
 OVERLOADED = "overloaded"
 NOT_READY = "not_ready"
@@ -116,9 +116,10 @@ class FramingMiddleware:
                 response.headers["connection"] = "close"
                 await response(scope, receive, send)
                 return
-            if sum(name.lower() == b"content-type" for name, _ in scope["headers"]) > 1:
-                response = error_response(400, REPEATED_HEADER, "the content-type header is sent more than once; "
-                                          "send it once", field="headers.content-type")
+            try:
+                sole_header(scope["headers"], "content-type")
+            except BodyError as exc:
+                response = error_response(exc.status, exc.code, exc.reason, field=f"headers.{exc.field}")
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -3,8 +3,9 @@
 Routes:
 
 * ``POST /v1/systemone``: the System One API (spec §5). With ``api_keys`` configured it needs ``Authorization:
-  Bearer <key>`` (401 otherwise). Body capped (413, also after undoing a ``Content-Encoding`` of gzip, deflate, br or
-  zstd; any other coding is a 415), ``Content-Type`` ``application/json`` (or a ``+json`` type) or
+  Bearer <key>`` (401 otherwise), sent once (400 ``repeated_header`` when sent twice, whichever copy is valid).
+  Body capped (413, also after undoing a ``Content-Encoding`` of gzip, deflate, br or zstd; any other coding is a
+  415), ``Content-Type`` ``application/json`` (or a ``+json`` type) or
   ``multipart/form-data`` with image parts named by ``assets`` (TypeSafe's SDK); any other or no type is a 415, so a
   browser page cannot post to it without a CORS preflight. Images are checked from their headers before decoding:
   more than ``max_image_pixels`` is a 413 ``image_too_large``, bytes of another format than declared a
@@ -81,6 +82,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from guard._body import BodyBytes, BodyShare, declared_length, read_body
 from guard._close import CLOSE_TIMEOUT_S, close_within
+from guard._headers import sole_header
 from guard._json import loads
 from guard._rootpath import route_path
 from guard.backends.selftest import CanaryFailed
@@ -765,8 +767,11 @@ _OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 class _ApiKeys:
     """ASGI middleware: every path but the probes (:data:`_OPEN_PATHS`) needs ``Authorization: Bearer <key>`` with
-    one of ``keys`` (401 otherwise). The path is read as routing reads it (:func:`~guard._rootpath.route_path`: below
-    ``root_path``), so the app served under a prefix or mounted in another app keeps the check."""
+    one of ``keys`` (401 otherwise), sent once: a request sending ``Authorization`` more than once is answered 400
+    ``repeated_header`` (field ``headers.authorization``; :func:`~guard._headers.sole_header` says why not 401)
+    before any key is compared, whichever copy holds a valid key. The path is read as routing reads it
+    (:func:`~guard._rootpath.route_path`: below ``root_path``), so the app served under a prefix or mounted in
+    another app keeps the check."""
 
     def __init__(self, app: ASGIApp, keys: tuple[str, ...]) -> None:
         self.app = app
@@ -776,7 +781,12 @@ class _ApiKeys:
         if scope["type"] != "http" or not self.keys or route_path(scope) in _OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        try:
+            given = sole_header(scope["headers"], "authorization") or b""
+        except BodyError as exc:  # two credentials: which one a front proxy checked is unknown
+            response = _http.error_response(exc.status, exc.code, exc.reason, field=f"headers.{exc.field}")
+            await response(scope, receive, send)
+            return
         scheme, _, token = given.partition(b" ")
         token = token.strip()
         # compare with every key (no early exit) so the time taken does not say which key was close

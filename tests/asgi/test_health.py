@@ -218,6 +218,31 @@ async def test_wrong_admin_tokens_are_rate_limited_like_the_review_apis(frozen_b
     await guard.aclose()
 
 
+async def test_authorization_sent_twice_is_refused_whichever_copy_is_the_admin_token() -> None:
+    """The token was read from the first ``Authorization`` copy (review finding): a front proxy checking or
+    stripping the last one let a request it took for a stranger's read the details with an admin token. Sent twice,
+    the admin token first or last, it is a 400 ``repeated_header`` with no report; sent once it reads the details."""
+    from tests.asgi._apps import client_for
+
+    guard = Guard(load_files(POLICY), backends=ScriptedBackend())
+    health = HealthEndpoint(guard, admin_tokens=[TOKEN])
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await health(scope, send)
+
+    admin, other = AUTH["authorization"], "Bearer " + "x" * len(TOKEN)
+    async with client_for(app) as client:
+        twice = [await client.get("/", headers=[("authorization", a), ("authorization", b)])
+                 for a, b in ((admin, other), (other, admin), (admin, admin))]
+        once = await client.get("/", headers=AUTH)
+    for response in twice:
+        assert response.status_code == 400, response.text
+        assert response.json() == {"code": "repeated_header", "message": "the authorization header is sent more than "
+                                   "once; send it once", "field": "authorization"}
+    assert once.status_code in (200, 503) and "details" in once.json()
+    await guard.aclose()
+
+
 async def test_wrong_tokens_from_one_ipv6_network_share_one_limit(frozen_buckets: None) -> None:
     """Each address of a /64 had its own bucket, so rotating them guessed without limit (attack finding)."""
     import httpx

@@ -74,6 +74,37 @@ async def test_reviewer_identity_comes_from_the_token(make_guard: GuardFactory, 
     assert approved.status_code == 200 and approved.json()["decided_by"] == "bob"
 
 
+@pytest.mark.parametrize("mounted", ["review_app", "admin_app"])
+async def test_authorization_sent_twice_is_refused_whichever_copy_is_a_reviewers(
+    make_guard: GuardFactory, mounted: str
+) -> None:
+    """The token was read from the first ``Authorization`` copy (review finding): a front proxy checking or
+    stripping the last one let a request it took for another caller's approve as bob. Sent twice, bob's token first
+    or last, every call is a 400 ``repeated_header`` and the item stays pending; sent once, bob approves it."""
+    store = MemoryReviewStore()
+    guard = make_guard()
+    app: Any = Starlette(routes=[Mount("/admin/reviews", app=review_app(store, reviewers=REVIEWERS))])  # no middleware
+    base = "/admin/reviews"
+    if mounted == "admin_app":
+        app, base = admin_app(guard, review_store=store, reviewers=REVIEWERS), "/_guard/admin/reviews"
+    bob, other = f"Bearer {REVIEWERS['bob']}", "Bearer client-token"
+    async with client_for(_app(guard, store, reviewers=REVIEWERS)) as client:
+        held = (await client.post("/v1/echo", content=UNSURE, headers=CLIENT)).json()
+    url = f"{base}/{held['review_id']}"
+    async with client_for(app) as client:
+        twice = [await call(path, headers=[("authorization", a), ("authorization", b)])
+                 for a, b in ((bob, other), (other, bob), (bob, bob))
+                 for call, path in ((client.post, f"{url}/approve"), (client.get, url), (client.get, f"{base}/"))]
+        pending = (await store.get(held["review_id"])).status
+        approved = await client.post(f"{url}/approve", headers={"authorization": bob})
+    for response in twice:
+        assert response.status_code == 400, response.text
+        assert response.json() == {"code": "repeated_header", "message": "the authorization header is sent more than "
+                                   "once; send it once", "field": "authorization"}
+    assert pending == "pending"
+    assert approved.status_code == 200 and approved.json()["decided_by"] == "bob"
+
+
 async def test_insecure_loopback_answers_loopback_clients_only(make_guard: GuardFactory) -> None:
     store = MemoryReviewStore()
     app = _app(make_guard(), store, insecure_loopback=True)

@@ -635,6 +635,40 @@ async def test_api_keys_hold_under_a_root_path_and_inside_a_mount(served: str) -
     assert keyed_models.text == probe.text == "reached"
 
 
+async def test_api_keys_refuse_authorization_sent_twice_whichever_copy_is_valid() -> None:
+    """The key was read from the first ``Authorization`` copy (review finding): a front proxy checking or stripping
+    the last one let a request it took for one client's pass on another's key. Sent twice, valid key first or last,
+    it is a 400 ``repeated_header`` that never reaches the app; sent once it passes; the probes stay open."""
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from guard.worker import _http
+    from guard.worker.app import _ApiKeys
+
+    reached: list[str] = []
+
+    async def ok(request: Any) -> PlainTextResponse:
+        reached.append(request.url.path)
+        return PlainTextResponse("reached")
+
+    inner = Starlette(routes=[Route(p, ok, methods=["GET", "POST"]) for p in ("/v1/systemone", "/healthz")])
+    app = _http.FramingMiddleware(_ApiKeys(inner, (KEY,)))
+    valid, other = f"Bearer {KEY}", "Bearer " + "x" * len(KEY)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://worker") as client:
+        twice = [await client.post("/v1/systemone", json={}, headers=[("authorization", a), ("authorization", b)])
+                 for a, b in ((valid, other), (other, valid), (valid, valid))]
+        once = await client.post("/v1/systemone", json={}, headers=auth())
+        probe = await client.get("/healthz", headers=[("authorization", other), ("authorization", valid)])
+    for response in twice:
+        assert response.status_code == 400, response.text
+        assert response.json() == {"code": "repeated_header", "message": "the authorization header is sent more than "
+                                   "once; send it once", "field": "headers.authorization", "errors": []}
+        assert "www-authenticate" not in response.headers
+    assert once.text == probe.text == "reached" and reached == ["/v1/systemone", "/healthz"]
+
+
 def test_worker_serve_refuses_a_public_address_without_keys(
     golden_checkpoint: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
