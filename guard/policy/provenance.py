@@ -814,8 +814,7 @@ def _decoded(text: str) -> list[str]:
 
 
 # The forms of one repeated call's arguments an echo is looked for in (:func:`_echo_forms`), by the arguments' ``id``
-# and the top-level argument read (``None``: all), and those of the calls a tool result may repeat together
-# (:func:`_all_echo_forms`), by their tuple's ``id``; each entry keeps the object it was made from, so the ``id`` is
+# and the top-level argument read (``None``: all); each entry keeps the arguments it was made from, so the ``id`` is
 # not reused while the cache lives (one :func:`trace_arguments` run).
 _EchoCache = dict[tuple[int, str | None], tuple[Any, tuple[list[str], str, _Prepared | None]]]
 
@@ -848,35 +847,20 @@ def _echoes(needle: _Needle, repeated: Sequence[Any], cache: _EchoCache) -> bool
     call's strings and integers, letters and digits only: joined in order, forwards or reversed (split into
     ``{"country": "GB", "rest": "33BUKB..."}`` or 4-character pieces for the tool to join, ``echo 55...BG | rev``),
     or pieces that cover it in another order (:func:`_covers`); each string also as it decodes (:func:`_decoded`:
-    base64, hex, percent-encoding, rot13), after them all; an identifier's pieces are read in all the calls together
-    (:func:`_all_echo_forms`)."""
+    base64, hex, percent-encoding, rot13), after them all."""
     argument = None
     if needle.number is not None and needle.compact is None:
         if needle.argument is None:  # a number inside a composed text: no argument of its name
             return False
         argument = needle.argument
-    if needle.compact is not None:
-        pieces, joined = _all_echo_forms(repeated, cache)
-        if needle.compact in joined or needle.compact[::-1] in joined or _covers(pieces, needle.compact):
-            return True
     for arguments in repeated:
-        prepared = _echo_forms(arguments, argument, cache)[2]
+        pieces, joined, prepared = _echo_forms(arguments, argument, cache)
+        if needle.compact is not None and (needle.compact in joined or needle.compact[::-1] in joined
+                                           or _covers(pieces, needle.compact)):  # fmt: skip
+            return True
         if prepared is not None and _found(needle, prepared):
             return True
     return False
-
-
-def _all_echo_forms(repeated: Sequence[Any], cache: _EchoCache) -> tuple[list[str], str]:
-    """The pieces of all the calls in ``repeated`` (:func:`_echo_forms` of each) and those pieces joined in order,
-    made once per ``repeated`` in ``cache``: an identifier is looked for in all the calls together (split among calls:
-    ``{"n": 33}`` then ``{"n": 44556677}``)."""
-    key = (id(repeated), None)
-    hit = cache.get(key)
-    if hit is None:
-        forms = [_echo_forms(arguments, None, cache) for arguments in repeated]
-        pieces = [piece for call, _, _ in forms for piece in call]
-        hit = cache[key] = (repeated, (pieces, "".join(joined for _, joined, _ in forms), None))
-    return hit[1][:2]
 
 
 def _as_written(value: _Value, text: str) -> bool:

@@ -764,25 +764,6 @@ def test_a_url_of_any_scheme_to_a_place_the_user_named_is_the_users(asked: str, 
         assert source({"url": url}, user) == {"url": "none"}
 
 
-@pytest.mark.parametrize(("calls", "printed"), [
-    (({"n": 33}, {"n": 44556677}), "3344556677"),
-    (({"a": "1555555555"}, {"b": "GB33BUKB2020"}), "GB33BUKB20201555555555"),
-    (({"text": "GB33BUKB"}, {"page": 2}, {"text": "20201555555555"}), "GB33BUKB20201555555555"),
-])  # fmt: skip
-def test_an_identifier_split_among_several_calls_arguments_is_an_echo(calls: tuple[dict, ...], printed: str) -> None:
-    """An identifier split among the arguments of calls the result may repeat (``save_note {"n": 33}``, then
-    ``append_note {"n": 44556677}`` printing ``acct 3344556677``) was looked for in each call alone, so the made-up
-    number was the tool's evidence (review finding): the calls' pieces are also read together; lookups by parts of
-    it still leave a listed one the tool's."""
-    history = [TurnMessage("tool", "saved", "save_note", f"c{i}", arguments=arguments)
-               for i, arguments in enumerate(calls[:-1])]  # fmt: skip
-    history.append(TurnMessage("tool", f"acct {printed}", "append_note", "c9", arguments=calls[-1]))
-    assert source({"to": printed}, USER, *history) == {"to": "none"}
-    lookups = [TurnMessage("tool", "ok", "lookup", "c1", arguments={"country": "GB"}),
-               TurnMessage("tool", f"Landlord: {printed}", "lookup", "c2", arguments={"bank": "BUKB"})]  # fmt: skip
-    assert source({"to": printed}, USER, *lookups) == {"to": "tool_result"}
-
-
 def test_a_value_found_at_many_places_that_are_not_whole_tokens_is_traced_in_time() -> None:
     """Each place a value was found but not as a whole token was checked one by one, so 256 host names like
     ``ab.ab.ab`` against 100 KB of ``ab.`` took 37 s (review finding): the places an ASCII neighbour rules out are
