@@ -65,8 +65,7 @@ part of a longer address, host name or number (:func:`_marks`)):
 * identifiers (a value of 6 or more letters and digits with at least one digit: IBANs, phone and card numbers, ids):
   also compared with every character but letters and digits removed, so ``GB29 NWBK 6016`` matches ``gb29nwbk6016``;
 * e-mail addresses: lower case, a ``mailto:`` prefix dropped;
-* URLs: any scheme (``s3://``, ``ssh://``) or a leading ``//``, ``www.`` and trailing ``/`` dropped, so
-  ``https://www.example.com/a/`` matches ``example.com/a``;
+* URLs: scheme, ``www.`` and trailing ``/`` dropped, so ``https://www.example.com/a/`` matches ``example.com/a``;
 * numbers: compared as numbers with the numbers written in the text (``98.7`` matches ``98.70``, ``1200`` matches
   ``1,200.00``), also with a decimal comma (``98,70``, ``1.234,56``, ``1 234,56``, ``1.234.567``). A single group of
   three digits after a dot is a decimal point (``1.250`` is ``1.25``, never ``1250``: three decimals are usual for
@@ -233,13 +232,7 @@ class _Prepared:
 _SPACE = re.compile(r"\s+")
 _NOT_ALNUM = re.compile(r"[\W_]+")
 _ALNUM_RUN = re.compile(r"[^\W_]+")
-# What a URL's form drops (:func:`_url_form`): any scheme and its ``//`` (``s3://``, ``ssh://``, ``postgresql://``) or a
-# scheme-relative ``//``, ``mailto:``, ``www.`` and trailing slashes. A scheme is letters, digits, ``+`` and ``-`` (no
-# dot: ``evil.io://`` is no scheme) after none of them, a dot or ``/`` (``http://evil.io://`` keeps ``evil.io:``), 16
-# characters at most, so a long run costs linear time.
-_URL_NOISE = re.compile(
-    r"(?:(?<![\w/.+-])[a-z][a-z0-9+-]{0,15}:)?(?<![\w/])//|\bmailto:|\bwww\.|(?<!/)/+(?=[\s'\"),;\]}]|$)"
-)
+_URL_NOISE = re.compile(r"\b(?:https?://|ftp://|mailto:)|\bwww\.|(?<!/)/+(?=[\s'\"),;\]}]|$)")
 # A number written with a decimal point: thousands parted by commas (1,234.56, 1,234) or none (98.70, 1.250); a first
 # group of 0 is no thousands (0,500 is not 500), nor is a group of three digits after a comma a number of its own.
 _NUMBER = re.compile(r"(?<![\w.])(?!(?<=\d,)\d{3}(?!\d))[-+]?(?:[1-9]\d{0,2}(?:,\d{3})+|\d+)(?:\.\d+)?")
