@@ -75,7 +75,8 @@ part of a longer address, host name or number (:func:`_marks`)):
 
 Cost: each message's normalised forms are computed once per text (remembered for the last
 :data:`CACHED_TEXTS` texts); a lookup is a few substring searches per argument, and a trace checks at most
-:data:`MAX_REJECTED` places where a value is found but not as a whole token (past them the argument is ``none``).
+:data:`MAX_REJECTED` places where a value is found but not as a whole token (past them the argument is
+``flagged_tool_result`` when a message in the history is flagged, else ``none``).
 ``bench/provenance_latency.py`` measures a 10-message turn.
 """
 
@@ -138,7 +139,8 @@ MIN_TEXT_CHARS = 3
 #: command pinging thousands of addresses, each traced through the whole history) is traced to no source.
 MAX_EMBEDDED = 256
 #: Places in a text where a value is found but not as a whole token (:func:`_contains`, :func:`_in_compact`) that one
-#: :func:`trace_arguments` run checks one by one; past them the argument being traced, and each after it, is ``none``
+#: :func:`trace_arguments` run checks one by one; past them the argument being traced, and each after it, is
+#: ``flagged_tool_result`` where a message of the history is flagged, else ``none``
 #: (a text that holds a value at many thousands of such places: ``ab.ab.ab`` against ``ab.ab.ab.ab...``). Those an
 #: ASCII neighbour rules out are skipped by a regular expression (:func:`_near_misses`) and not counted.
 MAX_REJECTED = 100_000
@@ -960,10 +962,23 @@ def trace_arguments(
             try:
                 out[name] = _weakest(leaf_sources(name, value)) or ArgumentSource("user", matched=False)
             except _OverBudget:  # a text built to hold it at too many places that are not whole tokens
-                out[name] = ArgumentSource("none")
+                out[name] = _past_budget(history, detector)
     finally:
         _BUDGET.reset(budget)
     return out
+
+
+def _past_budget(history: Sequence[TurnMessage], detector: Detector) -> ArgumentSource:
+    """The source of an argument whose trace ran past :data:`MAX_REJECTED`: ``flagged_tool_result`` when a tool
+    result or an agent's message in ``history`` is flagged (withheld, quoted or cut by guard, or holding instructions
+    ``detector`` finds), so spending the budget on another argument cannot hide a value an injection named; else
+    ``none``."""
+    for message in history:
+        if message.role in ("tool", "agent") and (
+            message.flagged is not None or message.cut or _split_tool_text(message.text, detector)[1].text
+        ):
+            return ArgumentSource("flagged_tool_result")
+    return ArgumentSource("none")
 
 
 def _weakest(found: Iterable[ArgumentSource]) -> ArgumentSource | None:
