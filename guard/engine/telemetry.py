@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, Any
 from urllib.parse import quote, quote_plus, unquote_plus
 
 from opentelemetry import metrics, trace
@@ -728,19 +728,6 @@ MAX_SCRUBBED_CHARS = 1024 * 1024
 LOG_UNREAD_MARKER = "[... cut from the log unread: {cut} more characters ...]"
 
 
-class _Unread(str):
-    """A string past :data:`MAX_SCRUBBED_CHARS` as the scrubbing returns it, its middle cut unread
-    (:data:`LOG_UNREAD_MARKER`), with ``length``: its length with that middle, which :func:`_bounded`'s
-    :data:`LOG_CUT_MARKER` gives when it cuts the string further."""
-
-    length: int
-
-    def __new__(cls, text: str, length: int) -> Self:
-        unread = super().__new__(cls, text)
-        unread.length = length
-        return unread
-
-
 def _bounded(node: Any, limit: int) -> Any:
     """``node`` (JSON types) with each string and object key over ``limit`` characters cut to its first and last
     halves of ``limit``, :data:`LOG_CUT_MARKER` (with its length) between them on lines of its own; keys of one object
@@ -751,8 +738,7 @@ def _bounded(node: Any, limit: int) -> Any:
         if len(node) <= limit:
             return node
         head = limit - limit // 2
-        length = node.length if isinstance(node, _Unread) else len(node)
-        marker = LOG_CUT_MARKER.format(cut=length - limit, length=length)
+        marker = LOG_CUT_MARKER.format(cut=len(node) - limit, length=len(node))
         return f"{node[:head]}\n{marker}\n{node[len(node) - (limit - head):]}"
     if isinstance(node, dict):
         out: dict[Any, Any] = {}
@@ -1306,9 +1292,9 @@ def _scrub_record(record: dict[str, Any], values: list[str], *, shapes: bool = F
         if len(text) <= MAX_SCRUBBED_CHARS:
             return read(text)
         half = MAX_SCRUBBED_CHARS // 2
-        cut = len(text) - 2 * half
-        head, tail = _read_to_cut(text, half, read, head=True), _read_to_cut(text, len(text) - half, read, head=False)
-        return _Unread(f"{head}\n{LOG_UNREAD_MARKER.format(cut=cut)}\n{tail}", len(head) + cut + len(tail))
+        marker = LOG_UNREAD_MARKER.format(cut=len(text) - 2 * half)
+        head = _read_to_cut(text, half, read, head=True)
+        return f"{head}\n{marker}\n{_read_to_cut(text, len(text) - half, read, head=False)}"
 
     record["input"] = _scrub(record.get("input"), scrub)
     record["state"] = _scrub(record.get("state"), scrub)
