@@ -70,8 +70,9 @@ MAX_JUDGED_CHARS = 8_192
 milliseconds for each token of hundreds of characters; a value counts at most the 512 characters a credential may
 have); the rest of the body after them is counted, not shown."""
 #: Most characters of a secret (a key, a JWT, a URL, a repeated value) that a string read only in part
-#: (:func:`_scrubbed`) never shows in part, where it runs past the end of what is read.
-_SECRET_CHARS = 4_096
+#: (:func:`_scrubbed`) never shows in part, where it runs past the end of what is read: a PEM private key's 16 KB
+#: between its BEGIN and END lines (as the decision log finds it), and 1 KB for those lines.
+_SECRET_CHARS = 17_408
 #: Most characters of a string (a text body, a JSON string, a form's value) masked for the secrets it repeats or its
 #: shape gives away: what a view shows (:data:`MAX_SHOWN_BODY_BYTES`, a character is a byte or more) and
 #: :data:`_SECRET_CHARS` more; the rest is never shown.

@@ -891,10 +891,10 @@ def test_a_jwt_with_any_claims_is_a_credential(value: str) -> None:
 
 @pytest.mark.parametrize("form", [False, True])
 def test_a_value_whose_masked_head_shrinks_never_shows_its_unread_rest(form: bool) -> None:
-    """A value's head read for secrets, 36,864 characters, was returned masked with the rest as it was: where masking
-    shortened the head (400 keys to ``[redacted]``), the unread rest fell inside the 32 KB a view shows and its
+    """A value's head read for secrets (36,864 characters then) was returned masked with the rest as it was: where
+    masking shortened the head (400 keys to ``[redacted]``), the unread rest fell inside the 32 KB a view shows and its
     ``ghp_`` token and database password were in clear (review finding); the rest is one more mask."""
-    keys = " ".join(f"sk-{i:04d}{'A' * 40}" for i in range(800))  # about 37 KB, each key masked
+    keys = " ".join(f"sk-{i:04d}{'A' * 40}" for i in range(1200))  # about 54 KB, each key masked
     tail = "deploy_token: ghp_Ab3dE6" + "x" * 32 + " db postgres://app:Hunter2Secret@db/prod"
     fields = {"note": keys + " " + tail}
     if form:
@@ -910,7 +910,7 @@ def test_a_value_whose_masked_head_shrinks_never_shows_its_unread_rest(form: boo
     assert "more bytes not shown" in view["not_shown"]
 
 
-_SHRINKING_KEYS = " ".join(f"sk-{i:04d}{'A' * 40}" for i in range(200))  # 8.8 K characters, 6.8 K fewer masked
+_SHRINKING_KEYS = " ".join(f"sk-{i:04d}{'A' * 40}" for i in range(600))  # 28.8 K characters, 22.2 K fewer masked
 
 
 @pytest.mark.parametrize("content_type", ["application/json", FORM, "text/plain"])
@@ -921,10 +921,11 @@ _SHRINKING_KEYS = " ".join(f"sk-{i:04d}{'A' * 40}" for i in range(200))  # 8.8 K
 ])
 def test_a_secret_across_the_end_of_what_is_read_is_not_shown_in_part(content_type: str, secret: str,
                                                                       headers: dict[str, str]) -> None:
-    """A string is read for secrets to its first 36,864 characters; where masking shortened that part by 4,096
-    characters or more, a secret running past its end came into view unmasked in part (``ghp_Ab3dE6QQQQQQQQQQ``,
-    16 of a URL's 19 password characters, the head of the request's own bearer token: review finding): what is shown
-    of it is only what reading 4,096 characters fewer shows too, so a secret near the end is not shown at all."""
+    """A string is read for secrets to its first 36,864 characters (49,176 now); where masking shortened that part
+    by 4,096 characters or more (17,408 now), a secret running past its end came into view unmasked in part
+    (``ghp_Ab3dE6QQQQQQQQQQ``, 16 of a URL's 19 password characters, the head of the request's own bearer token:
+    review finding): what is shown of it is only what reading that many characters fewer shows too, so a secret
+    near the end is not shown at all."""
     from guard.asgi._body_view import _SCRUBBED_CHARS
 
     start = _SCRUBBED_CHARS - 20  # the secret's first 20 characters are read, the rest not
@@ -940,4 +941,39 @@ def test_a_secret_across_the_end_of_what_is_read_is_not_shown_in_part(content_ty
     view = shown_body(subject, body)
     shown = (view["text"] or "") + (view["decoded"] or "")
     assert secret[:6] not in shown and "Hunter" not in shown
+    assert view["complete"] is False and "more bytes not shown" in view["not_shown"]
+
+
+def _pem_key(lines: int, prefix: str) -> tuple[str, list[str]]:
+    """A PEM private key of ``lines`` random 64-character base64 lines, ``prefix`` before each of its lines, and the
+    base64 lines."""
+    rng = random.Random(1)
+    base64_lines = ["".join(rng.choice(string.ascii_letters + string.digits + "+/") for _ in range(64))
+                    for _ in range(lines)]
+    key_lines = ["-----BEGIN RSA PRIVATE KEY-----", *base64_lines, "-----END RSA PRIVATE KEY-----"]
+    return "\n".join(prefix + line for line in key_lines), base64_lines
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "text/plain"])
+@pytest.mark.parametrize(("lines", "prefix"), [
+    pytest.param(50, "2026-12-07T15:00:00Z app[123]: ", id="4096-bit-syslog"),
+    pytest.param(100, "> ", id="8192-bit-quoted"),
+])
+def test_a_pem_key_across_the_end_of_what_is_read_is_not_shown_in_part(content_type: str, lines: int,
+                                                                       prefix: str) -> None:
+    """A PEM key whose END line ran past the 36,864 characters read was masked only from its BEGIN line to the first
+    character that is not base64 (a line's ``> `` or syslog prefix), and the reading 4,096 characters shorter masked
+    the same, so the rest of the key was shown: 7 of a 4,096-bit key's 50 lines with syslog prefixes (4,923
+    characters), 39 of an 8,192-bit key's 100 quoted lines (6,765; review finding). The shorter reading is now a PEM
+    key's longest span shorter, so the view stops at the key's BEGIN line."""
+    key, base64_lines = _pem_key(lines, prefix)
+    begin = 36_864 + 50 - len(key)  # the END line runs past the 36,864th character
+    note = "x" * (begin - 1) + "\n" + key + "\nend\n" + "y" * 10_000
+    if content_type == "text/plain":
+        body, fields = note.encode(), note
+    else:
+        body, fields = json.dumps({"log": note}).encode(), {"log": note}
+    view = shown_body(HttpSubject(method="POST", path="/v1/x", content_type=content_type, body=fields), body)
+    shown = (view["text"] or "") + (view["decoded"] or "")
+    assert [line for line in base64_lines if line[:16] in shown] == []
     assert view["complete"] is False and "more bytes not shown" in view["not_shown"]
