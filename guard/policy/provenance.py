@@ -91,7 +91,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from functools import cached_property, lru_cache
+from functools import cached_property, lru_cache, partial
 from typing import Any, Literal
 from urllib.parse import unquote
 
@@ -116,6 +116,7 @@ __all__ = [
     "resolved_effect",
     "result_features",
     "rule_features",
+    "tool_spec",
     "trace_arguments",
 ]
 
@@ -730,6 +731,7 @@ def _code_function(tool: str) -> bool:
     return name in _FUNCTION_NAMES or (name in _CODE_NAMES and plugin in _CODE_NAMES)
 
 
+@lru_cache(maxsize=4096)
 def _tool_keys(tool: str) -> tuple[str, str]:
     """A tool's name and the last part of it namespaced (:data:`_NAMESPACE`), each in letters and digits only,
     NFKC-normalised and lower-cased."""
@@ -743,12 +745,41 @@ def same_tool(tool: str, other: str) -> bool:
     return any(one == two for one, two in zip(_tool_keys(tool), _tool_keys(other), strict=True))
 
 
+# Effects from the least to the most restrictive (what :func:`tool_spec` keeps of several declarations).
+_EFFECTS = ("read_only", "unknown", "side_effecting")
+
+
+def tool_spec(tools: Mapping[str, ToolSpec], tool: str | None) -> ToolSpec:
+    """What a policy's ``tools`` declare for ``tool``: its entry by the exact name, else the entries that name it as
+    :func:`same_tool` compares names (``Run_SQL``, ``db.run_sql`` and ``mcp__db__run_sql`` for ``run_sql``); of
+    several such entries the most restrictive of each setting: the last effect of :data:`_EFFECTS`, ``evidence:
+    false`` if any says so (else unset if any leaves it unset), every sensitive argument any names with only the
+    sources all that name it allow. ``ToolSpec()`` (nothing declared) for none, or for ``tool`` ``None``."""
+    if tool is None:
+        return ToolSpec()
+    if tool in tools:
+        return tools[tool]
+    specs = [spec for name, spec in tools.items() if same_tool(name, tool)]
+    if len(specs) < 2:
+        return specs[0] if specs else ToolSpec()
+    arguments: dict[str, tuple[Source, ...]] = {}
+    for spec in specs:
+        for name, allowed in (spec.arguments or {}).items():
+            arguments[name] = tuple(source for source in arguments.get(name, allowed) if source in allowed)
+    return ToolSpec(
+        max((spec.effect for spec in specs), key=_EFFECTS.index),
+        arguments or None,
+        min((spec.evidence for spec in specs), key=(False, None, True).index),
+    )
+
+
 def gives_evidence(tools: Mapping[str, ToolSpec], tool: str | None) -> bool:
-    """Whether a value in ``tool``'s results is a ``tool_result`` for a policy with ``tools`` (its ``evidence``;
-    undeclared: yes, but for :func:`is_code_tool`; ``None``, a result whose tool is not known: no)."""
+    """Whether a value in ``tool``'s results is a ``tool_result`` for a policy with ``tools`` (its ``evidence``, as
+    :func:`tool_spec` finds it; undeclared: yes, but for :func:`is_code_tool`; ``None``, a result whose tool is not
+    known: no)."""
     if tool is None:
         return False
-    evidence = tools.get(tool, ToolSpec()).evidence
+    evidence = tool_spec(tools, tool).evidence
     return evidence if evidence is not None else not is_code_tool(tool)
 
 
@@ -760,12 +791,15 @@ def _repeated(history: Sequence[TurnMessage], tools: Mapping[str, ToolSpec]) -> 
     the name it carries itself where that differs (:attr:`~guard.subject.TurnMessage.result_name`)."""
     out: list[tuple[Any, ...] | None] = []
     sent: list[Any] = []
+    # each name looked up once: tool_spec compares a name the policy does not declare with every name it does
+    evidence_of = lru_cache(maxsize=None)(partial(gives_evidence, tools))
+    effect_of = lru_cache(maxsize=None)(partial(resolved_effect, tools))
     for message in history:
         own = () if message.role != "tool" or message.arguments is None else (message.arguments,)
         names = (message.tool_name, message.result_name or message.tool_name)
-        evidence = message.role != "tool" or all(gives_evidence(tools, name) for name in names)
+        evidence = message.role != "tool" or all(evidence_of(name) for name in names)
         out.append((*sent, *own) if evidence else None)
-        if own and resolved_effect(tools, message.tool_name, "unknown") != "read_only":
+        if own and effect_of(message.tool_name, "unknown") != "read_only":
             sent.append(message.arguments)
     return out
 
@@ -996,9 +1030,9 @@ def _weakest(found: Iterable[ArgumentSource]) -> ArgumentSource | None:
 def resolved_effect(
     tools: Mapping[str, ToolSpec], tool: str | None, declared: Literal["read_only", "side_effecting", "unknown"]
 ) -> Literal["read_only", "side_effecting", "unknown"]:
-    """What ``tool`` does for a policy with ``tools``: its entry there, else ``declared`` (the tool's own metadata,
-    :attr:`guard.subject.AgentSubject.tool_effect`)."""
-    effect = tools.get(tool or "", ToolSpec()).effect
+    """What ``tool`` does for a policy with ``tools``: its entry there (:func:`tool_spec`), else ``declared`` (the
+    tool's own metadata, :attr:`guard.subject.AgentSubject.tool_effect`)."""
+    effect = tool_spec(tools, tool).effect
     return effect if effect != "unknown" else declared
 
 
@@ -1025,7 +1059,7 @@ def call_features(
         ``user_arguments``: how many arguments come from the user.
     """
     sources = trace_arguments(arguments, history, trusted=trusted, detector=detector, tools=tools)
-    spec = tools.get(tool or "", ToolSpec())
+    spec = tool_spec(tools, tool)
     allowed = spec.arguments or {}
     disallowed = sorted(
         name for name, permitted in allowed.items() if name in sources and sources[name].source not in permitted

@@ -406,3 +406,18 @@ def test_a_result_named_after_another_tool_than_its_call_gives_evidence_only_whe
     call = AIMessage(content="", tool_calls=[{"name": "call_tool", "args": {"task": "landlord"}, "id": "c1"}])
     history = turn_history({"messages": [user, call, ToolMessage(content=IBAN, tool_call_id="c1", name="get_iban")]})
     assert trace_arguments({"recipient": IBAN}, history, tools=tools)["recipient"].source == "tool_result"
+
+
+def test_a_results_own_name_finds_the_policys_tool_in_another_form() -> None:
+    """A proxy names the inner tool as its server does: the ``call_tool`` result named ``Run_SQL``, ``db.run_sql`` or
+    ``mcp__db__run_sql`` was not ``run_sql``, so its ``evidence: false`` was lost and the IBAN it printed was a
+    ``tool_result`` (review finding): a name the policy does not declare takes the declaration of the one it names
+    as tool names are compared (case, separators, the last part of a namespaced name); an undeclared tool's result
+    stays evidence."""
+    user = HumanMessage("Pay my landlord the rent, 1200 EUR.")
+    tools = {"run_sql": ToolSpec(evidence=False)}
+    call = AIMessage(content="", tool_calls=[{"name": "call_tool", "args": {"task": "landlord"}, "id": "c1"}])
+    for named, found in (("run_sql", "none"), ("Run_SQL", "none"), ("db.run_sql", "none"),
+                         ("mcp__db__run_sql", "none"), ("RUN-SQL", "none"), ("get_iban", "tool_result")):  # fmt: skip
+        history = turn_history({"messages": [user, call, ToolMessage(content=IBAN, tool_call_id="c1", name=named)]})
+        assert trace_arguments({"recipient": IBAN}, history, tools=tools)["recipient"].source == found, named

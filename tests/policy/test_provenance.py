@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from guard.policy.instructions import find_instructions, strip_spans
-from guard.policy.provenance import MAX_EMBEDDED, ToolSpec, call_features, result_features, trace_arguments
+from guard.policy.provenance import (
+    MAX_EMBEDDED,
+    ToolSpec,
+    call_features,
+    result_features,
+    tool_spec,
+    trace_arguments,
+)
 from guard.subject import TurnMessage
 from tests._linear import runs_in_time
 
@@ -383,6 +390,42 @@ def test_the_policys_declaration_of_a_tools_effect_wins_over_its_metadata() -> N
     assert call_features("send_money", {}, (USER,), tools=declared, declared_effect="side_effecting")["effect"] == (
         "read_only"
     )
+
+
+def test_a_call_named_in_another_form_takes_its_tools_declaration() -> None:
+    """The policy's ``tools`` were looked up by the exact name, so a call ``DB.run_sql`` or ``bank.send_money`` had
+    the effect of its own metadata and no sensitive arguments (review finding): a name the policy does not declare
+    takes the declaration of the one it names as tool names are compared; the exact name comes first."""
+    tools = {"run_sql": ToolSpec("read_only"), "send_money": ToolSpec("side_effecting", {"recipient": ("user",)})}
+    for name in ("DB.run_sql", "Run_SQL", "mcp__db__run_sql"):
+        assert call_features(name, {}, (USER,), tools=tools, declared_effect="side_effecting")["effect"] == "read_only"
+    assert call_features("mcp__bank__send_money", {}, (USER,), tools=tools, declared_effect="read_only")["effect"] == (
+        "side_effecting"
+    )
+    paid = call_features("bank.send_money", {"recipient": "UK12345678901234567890"}, (USER, tool(BILL)), tools=tools)
+    assert paid["disallowed"] == ["recipient"]
+    assert call_features("get_balance", {}, (USER,), tools=tools, declared_effect="read_only")["effect"] == "read_only"
+    # an earlier read-only call's arguments stay evidence in later reads under its other name
+    looked_up = TurnMessage("tool", "balance 10", "Bank.Get_Account", "c1", arguments={"id": "SAV-0001"})
+    listed = tool("SAV-0001 savings, CHK-0002 checking", call_id="c2", name="list_accounts")
+    read_only = {"get_account": ToolSpec("read_only")}
+    assert source({"from": "SAV-0001"}, USER, looked_up, listed, tools=read_only) == {"from": "tool_result"}
+
+
+def test_a_name_that_several_declared_tools_match_takes_the_strictest_of_them() -> None:
+    """``mcp__x__run_sql`` is both ``db.run_sql`` and ``files.run_sql``: the most restrictive effect, ``evidence:
+    false`` if either says so, and every sensitive argument with only the sources all that name it allow."""
+    tools = {"db.run_sql": ToolSpec("read_only", {"query": ("user", "trusted")}, evidence=True),
+             "files.run_sql": ToolSpec("side_effecting", {"query": ("user", "tool_result"), "path": ("user",)},
+                                       evidence=False)}  # fmt: skip
+    assert tool_spec(tools, "mcp__x__run_sql") == ToolSpec(
+        "side_effecting", {"query": ("user",), "path": ("user",)}, evidence=False
+    )
+    assert tool_spec(tools, "db.run_sql") == tools["db.run_sql"]
+    assert tool_spec(tools, "get_iban") == ToolSpec() == tool_spec(tools, None)
+    unset = {"a.run": ToolSpec("read_only", evidence=True), "b.run": ToolSpec("read_only")}
+    assert tool_spec(unset, "run") == ToolSpec("read_only", None, None)
+    assert tool_spec({**unset, "c.run": ToolSpec(evidence=True)}, "run").effect == "unknown"
 
 
 def test_numbers_ignore_leading_and_trailing_zeros_and_thousands_separators() -> None:
