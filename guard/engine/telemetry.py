@@ -1070,9 +1070,10 @@ def _spellings(values: list[str]) -> list[str]:
 #: secret has no shape to find), Mailgun keys (``key-`` and 32), Shopify access tokens and shared secrets (``shpat_``,
 #: ``shpca_``, ``shpss_`` and 32; these four not followed by another letter or digit, so a longer hex value, a SHA-1
 #: after ``key-``, is no key), JSON Web Tokens (``eyJ...`` header and payload, and the signature), PEM private keys
-#: (``-----BEGIN ... PRIVATE KEY-----`` to its ``END`` line, 16 KB at most between them, group ``pem``, masked as
-#: :func:`_masked_pem` masks it; the search for an ``END`` stops at the next ``-----BEGIN``, so each character is
-#: read for one ``BEGIN`` at most; or the base64 after it where no ``END`` follows)
+#: (``-----BEGIN ... PRIVATE KEY-----`` to its ``END`` line, 16 KB at most and whatever is between: quotes and ``\\n``
+#: of string literals, ``> `` of a quoted email, ``<br>``; the search for an ``END`` stops at the next
+#: ``-----BEGIN``, so each character is read for one ``BEGIN`` at most; or the base64 after it where no ``END``
+#: follows)
 #: and an Azure shared access signature's ``sig=`` after ``?``, ``&`` or ``;`` (a SAS token without its URL). Each
 #: not after a letter, digit, ``_`` or ``-``, but a PEM key, found after them too (a ``\\n`` written out before it in
 #: JSON text ends in ``n``).
@@ -1087,20 +1088,8 @@ _KEY_SHAPE = re.compile(
     r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"
     r"|(?<=[?&;]sig=)[A-Za-z0-9%+/=]{20,})"
     r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
-    r"(?:(?P<pem>(?:(?!-----BEGIN )[\s\S]){0,16384}?)-----END [A-Z ]*PRIVATE KEY-----|[A-Za-z0-9+/=\s\\]*)"
+    r"(?:(?:(?!-----BEGIN )[\s\S]){0,16384}?-----END [A-Z ]*PRIVATE KEY-----|[A-Za-z0-9+/=\s\\]*)"
 )
-#: Fewest characters of a run of base64 between a PEM key's BEGIN and END lines read as one of the key's lines
-#: wherever it is (:func:`_masked_pem`; a key's lines have 64 as keys are written, 76 as some tools write them, the
-#: last one fewer).
-_PEM_LINE_CHARS = 16
-#: A run of base64 between a PEM key's BEGIN and END lines (:func:`_masked_pem`).
-_PEM_RUN = re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]+=*")
-#: Letters that quote a PEM key's lines rather than belong to them: the ``n``, ``r`` or ``t`` of a ``\\n`` escape,
-#: the ``br`` of a ``<br>`` tag.
-_PEM_QUOTING_LETTERS = re.compile(r"(?<=\\)[nrt]|(?<=<)br(?=\s*/?>)")
-#: What may follow the last character of a PEM key's line: quotes, commas and blanks, then a line break, an escape,
-#: a tag, or the END line.
-_PEM_LINE_END = re.compile(r"[\"', \t]*(?:[\r\n\\<]|$)")
 #: A Twilio account SID: an identifier that every webhook of the account carries (its auth token is the secret), kept
 #: where a reviewer reads a body (:func:`_scrub_shapes` without ``account_ids``).
 _ACCOUNT_SID = re.compile(r"AC[0-9a-f]{32}")
@@ -1214,7 +1203,7 @@ def _scrub_shapes(text: str, *, cards: bool = True, account_ids: bool = True) ->
     (:func:`_url`: ``https://app:[redacted]@host/?api_key=[redacted]&page=2``), and with ``cards``, card numbers
     (:data:`_CARD_SHAPE` of an issuer's prefix and length that pass the Luhn check). Without ``account_ids``, a
     Twilio account SID (:data:`_ACCOUNT_SID`) is kept."""
-    text = _KEY_SHAPE.sub(functools.partial(_masked_key, account_ids=account_ids), text)
+    text = _KEY_SHAPE.sub("[redacted]" if account_ids else _key_but_account_id, text)
     lowered = text.lower()
     if any(name in lowered for name in _CONNECTION_SECRET_NAMES):  # the pattern is slow to fail on long text
         text = _CONNECTION_SECRET.sub(r"\1[redacted]", text)
@@ -1223,35 +1212,9 @@ def _scrub_shapes(text: str, *, cards: bool = True, account_ids: bool = True) ->
     return _URL_SHAPE.sub(_url, text) if "://" in text else text
 
 
-def _masked_key(key: re.Match[str], *, account_ids: bool) -> str:
-    """``[redacted]`` for a key :data:`_KEY_SHAPE` found, but a PEM private key with its ``END`` line as
-    :func:`_masked_pem` masks it, and without ``account_ids`` a Twilio account SID (:data:`_ACCOUNT_SID`) as it
-    is."""
-    if key.group("pem") is not None:
-        return _masked_pem(key)
-    return key.group() if not account_ids and _ACCOUNT_SID.fullmatch(key.group()) else "[redacted]"
-
-
-def _masked_pem(key: re.Match[str]) -> str:
-    """A PEM private key from its ``BEGIN`` line to its ``END`` line (:data:`_KEY_SHAPE`): ``[redacted]`` where what
-    is between them holds only the key's lines and what quotes them (line breaks and blanks, ``> ``, a string
-    literal's quotes and ``\\n``, ``<br>``); otherwise (text put between the two lines, a syslog prefix on each
-    line) as it is but each key line replaced by ``[redacted]``, so that no text is hidden and no key line shown. A
-    key line is a run of base64 (:data:`_PEM_RUN`) of :data:`_PEM_LINE_CHARS` characters or more, or the last run
-    that ends a line (a key's last line may be shorter)."""
-    body = key.group("pem")
-    plain = _PEM_QUOTING_LETTERS.sub(lambda letters: " " * len(letters.group()), body)
-    runs = list(_PEM_RUN.finditer(plain))
-    last = next((run for run in reversed(runs) if _PEM_LINE_END.match(plain, run.end())), None)
-    lines = [run for run in runs if run is last or len(run.group()) >= _PEM_LINE_CHARS]
-    if len(lines) == len(runs):
-        return "[redacted]"
-    start = key.start("pem") - key.start()
-    kept, at = [key.group()[:start]], 0
-    for line in lines:
-        kept += [body[at:line.start()], "[redacted]"]
-        at = line.end()
-    return "".join(kept) + body[at:] + key.group()[key.end("pem") - key.start():]
+def _key_but_account_id(key: re.Match[str]) -> str:
+    """``[redacted]`` for a key :data:`_KEY_SHAPE` found, but a Twilio account SID (:data:`_ACCOUNT_SID`) as it is."""
+    return key.group() if _ACCOUNT_SID.fullmatch(key.group()) else "[redacted]"
 
 
 KEY_PLACEHOLDER = "[key]"
