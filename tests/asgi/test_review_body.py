@@ -921,7 +921,7 @@ _SHRINKING_KEYS = " ".join(f"sk-{i:04d}{'A' * 40}" for i in range(600))  # 28.8 
 ])
 def test_a_secret_across_the_end_of_what_is_read_is_not_shown_in_part(content_type: str, secret: str,
                                                                       headers: dict[str, str]) -> None:
-    """A string is read for secrets to its first 36,864 characters (49,176 now); where masking shortened that part
+    """A string is read for secrets to its first 36,864 characters (50,176 now); where masking shortened that part
     by 4,096 characters or more (17,408 now), a secret running past its end came into view unmasked in part
     (``ghp_Ab3dE6QQQQQQQQQQ``, 16 of a URL's 19 password characters, the head of the request's own bearer token:
     review finding): what is shown of it is only what reading that many characters fewer shows too, so a secret
