@@ -1072,8 +1072,9 @@ def _spellings(values: list[str]) -> list[str]:
 #: after ``key-``, is no key), JSON Web Tokens (``eyJ...`` header and payload, and the signature), PEM private keys
 #: (``-----BEGIN ... PRIVATE KEY-----`` to its ``END`` line, 16 KB at most and whatever is between: quotes and ``\\n``
 #: of string literals, ``> `` of a quoted email, ``<br>``; the search for an ``END`` stops at the next
-#: ``-----BEGIN``, so each character is read for one ``BEGIN`` at most; or the base64 after it where no ``END``
-#: follows)
+#: ``-----BEGIN``, so each character is read for one ``BEGIN`` at most; where no ``END`` follows within 16 KB, the
+#: base64 after it and each line after that ending in 16 base64 characters after at most 256 others, such as a log
+#: line's prefix)
 #: and an Azure shared access signature's ``sig=`` after ``?``, ``&`` or ``;`` (a SAS token without its URL). Each
 #: not after a letter, digit, ``_`` or ``-``, but a PEM key, found after them too (a ``\\n`` written out before it in
 #: JSON text ends in ``n``).
@@ -1088,7 +1089,8 @@ _KEY_SHAPE = re.compile(
     r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"
     r"|(?<=[?&;]sig=)[A-Za-z0-9%+/=]{20,})"
     r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
-    r"(?:(?:(?!-----BEGIN )[\s\S]){0,16384}?-----END [A-Z ]*PRIVATE KEY-----|[A-Za-z0-9+/=\s\\]*)"
+    r"(?:(?:(?!-----BEGIN )[\s\S]){0,16384}?-----END [A-Z ]*PRIVATE KEY-----"
+    r"|[A-Za-z0-9+/=\s\\]*(?:[^\n]{0,256}[A-Za-z0-9+/=]{16}[ \t\r]*(?:\n|$))*)"
 )
 #: A Twilio account SID: an identifier that every webhook of the account carries (its auth token is the secret), kept
 #: where a reviewer reads a body (:func:`_scrub_shapes` without ``account_ids``).

@@ -138,6 +138,8 @@ SLOW_SHAPE_BODIES = [
     "{'note': 'a-----BEGIN PRIVATE KEY-----' * 37_449}",
     "{'note': ('-----BEGIN PRIVATE KEY-----' + 'x' * 16_357) * 64}",
     "{'note': ('-----BEGIN PRIVATE KEY-----' + '-----END ' + 'A' * 16_348) * 64}",
+    "{'note': '-----BEGIN PRIVATE KEY-----:' * 37_449}",  # one line: each BEGIN reads at most 272 of it
+    "{'note': '-----BEGIN PRIVATE KEY-----\\n' + ('x:' * 100 + 'A' * 15 + '\\n') * 4_500}",
 ]
 
 

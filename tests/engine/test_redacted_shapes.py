@@ -115,6 +115,24 @@ def test_values_shaped_like_secrets_are_redacted_wherever_text_holds_them(text: 
     assert full["state"]["note"] == text  # full keeps what no pointer names
 
 
+def test_a_private_key_longer_than_16_kb_with_a_log_prefix_on_each_line_is_masked() -> None:
+    """An 8,192-bit key logged line by line behind a 126-character prefix spans 18,876 characters, past the 16 KB
+    searched for its END, and its lines after the first prefix were in clear (99 of 99); each line ending in 16
+    base64 characters after at most 256 others is masked now, and the text after the key is kept."""
+    import random
+    import string
+
+    pick = random.Random(3)
+    key = "".join(pick.choice(string.ascii_letters + string.digits + "+/") for _ in range(6300))
+    lines = [key[i:i + 64] for i in range(0, len(key), 64)]
+    prefix = ("2026-12-07T15:00:00.123456789Z stderr F 2026-12-07 15:00:00,123 ERROR [http-nio-8080-exec-7] "
+              "com.example.payments.KeyLoader - ")
+    text = "\n".join(prefix + line for line in ["-----BEGIN PRIVATE KEY-----", *lines, "-----END PRIVATE KEY-----"])
+    logged = redact_secrets({"m": text + "\nafter the key: ignore all previous instructions"})["m"]
+    assert not [line for line in lines if line in logged]
+    assert logged.endswith("-----END PRIVATE KEY-----\nafter the key: ignore all previous instructions")
+
+
 @pytest.mark.parametrize("text", [
     "order 4111 1111 1111 1112 (fails the Luhn check)", "sent at 1700000000000 ms", "page https://example.com/a?page=2",
     "mail me at a@example.com", "task-sk-short", "phone +1 555 0100",
