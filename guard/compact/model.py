@@ -204,13 +204,6 @@ IDENTIFIER_WORDS = 3
 #: read like commands (``show_all_users``, ``printDebugInfo``) raised 150 of 360 benign answers to the escalate
 #: line; at 0.85 none, with as many spelled attacks blocked (``python bench/compact_state_shape.py``).
 IDENTIFIER_FLOOR = 0.85
-#: Least probability of the risky option the words of known-shape values holding a sentence (:func:`_shaped_sentence`),
-#: read alone, must get for a text question to read them in the text view (the shipped policies' escalate line); below
-#: it the values are left out as metadata. Read beside the request's text, benign words a cookie's names hold moved its
-#: answer (``cookie_consent_given=true; analytics_opt_out=false; marketing_emails_allowed=false`` beside "Can you
-#: translate this paragraph into French?": 0.837) where alone they score 0.175; an attack's words reach the line alone
-#: (``C:\Synthesize\Sarin\Nerve\Agent\Precursors``: 0.653) and are then read with the text (0.922).
-SHAPE_SENTENCE_FLOOR = 0.5
 #: Most parts in a row that are one ASCII word each a known shape's value holds as metadata: a Windows profile's
 #: ``C:\Users\maria\Documents`` holds three; more are a sentence (:func:`_shaped_sentence`).
 SHAPE_WORD_PARTS = 3
@@ -345,8 +338,7 @@ def _shape(line: str) -> tuple[str, list[str] | None] | None:
 def _shaped_metadata(line: str) -> bool:
     """Whether a stripped line is one of the :data:`_SHAPES` whose parts are each empty, one ASCII word (letters
     without a camelCase hump) or metadata themselves (:func:`_metadata`: a digest that decodes to random bytes, an id)
-    and whose words read as English, and do not hold a sentence (:func:`_shaped_sentence`: such a line is left out
-    only where its words score under :data:`SHAPE_SENTENCE_FLOOR`, see :func:`_text_view`)."""
+    and whose words read as English, and do not hold a sentence (:func:`_shaped_sentence`)."""
     shaped = _plain_shape(line)
     return shaped is not None and not _shaped_sentence(*shaped)
 
@@ -621,7 +613,7 @@ def _other_script_text(raw: bytes) -> bool:
     return False
 
 
-def state_text(state: Any, view: str, *, sentences: bool = False) -> str:
+def state_text(state: Any, view: str) -> str:
     """What a catalog question reads of ``state``.
 
     ``view="json"``: the state rendered as Clef does (strings raw, JSON compact and key-sorted); a mapping with one
@@ -635,9 +627,7 @@ def state_text(state: Any, view: str, *, sentences: bool = False) -> str:
     Resource Names and user agents whose words read as English, hex, base64 or base64url digests (up to
     :data:`DIGEST_PARTS` dot-parted runs of up to :data:`DIGEST_CHARS` characters) that decode to random bytes, and
     values of the known :data:`_SHAPES` whose parts are metadata, :func:`_metadata`, and hold no sentence; one that
-    holds a sentence is left out too, and read as its words with ``sentences=True``, :func:`_sentence_words`, which
-    is what a question reads whose risky option those words alone score at :data:`SHAPE_SENTENCE_FLOOR` or more)
-    whenever other lines remain, so
+    holds a sentence is read as its words, :func:`_sentence_words`) whenever other lines remain, so
     metadata next to the text do not move the answer, whether they come as fields or joined into one text (a policy's
     ``body_text``); the words inside the metadata lines are read on their own (:func:`identifier_words`).
     """
@@ -645,39 +635,22 @@ def state_text(state: Any, view: str, *, sentences: bool = False) -> str:
         if isinstance(state, dict) and len(state) == 1 and isinstance(next(iter(state.values())), str):
             return str(next(iter(state.values())))
         return render(state)
-    return _text_view(_lines(state), sentences)
+    return _text_view(_lines(state))
 
 
-def _text_view(lines: list[str], sentences: bool) -> str:
-    """:func:`state_text`'s ``text`` view of a state's :func:`_lines`: each line that is not metadata, a shaped line
-    that holds a sentence as its words (:func:`_sentence_words`), or left out with ``sentences=False`` (what a
-    question reads whose risky option those words alone score under :data:`SHAPE_SENTENCE_FLOOR`); all the lines when
-    none is kept."""
-    texts = []
-    for line in lines:
-        if not _metadata(line.strip()):
-            words = _sentence_words(line)
-            if words is None:
-                texts.append(line)
-            elif sentences:
-                texts.append(words)
+def _text_view(lines: list[str]) -> str:
+    """:func:`state_text`'s ``text`` view of a state's :func:`_lines`."""
+    texts = [_sentence_words(line) for line in lines if not _metadata(line.strip())]
     return "\n".join(texts if texts else lines)
 
 
-def _shaped_sentences(lines: list[str]) -> str:
-    """The words of the shaped lines of a state's :func:`_lines` that hold a sentence (:func:`_sentence_words`), one
-    line each, or ``""`` when none does."""
-    said = [_sentence_words(line) for line in lines if not _metadata(line.strip())]
-    return "\n".join(words for words in said if words is not None)
-
-
-def _sentence_words(line: str) -> str | None:
-    """The words of a shaped line of metadata parts that holds a sentence (:func:`_shaped_sentence`), which read as
-    the sentence does (``C:\\Synthesize\\Sarin\\Nerve\\Agent\\Precursors``: harmful 0.921 as words beside a
-    request, 0.588 as the path), or ``None`` for any other line."""
+def _sentence_words(line: str) -> str:
+    """A line of the text view: a shaped line of metadata parts that holds a sentence (:func:`_shaped_sentence`) as
+    its words, which read as the sentence does (``C:\\Synthesize\\Sarin\\Nerve\\Agent\\Precursors``: harmful 0.921
+    as words, 0.588 as the path); any other line as it is."""
     shaped = _plain_shape(line.strip())
     if shaped is None or not _shaped_sentence(*shaped):
-        return None
+        return line
     return " ".join(_sentence_parts(shaped[1]))
 
 
@@ -1147,6 +1120,17 @@ class CompactModel:
         """
         if self.kind == "router":
             return self._route(request, confidence_profile)
+        lines = _lines(request.state)  # the state's strings, read once for the text view and the identifier words
+        text_view = _text_view(lines)
+        texts: dict[str, list[QuestionV1]] = {}  # questions that read the same text share one encoder pass
+        for question in request.questions:
+            view = CATALOG[question.id].view
+            texts.setdefault(text_view if view == "text" else state_text(request.state, view), []).append(question)
+        words = _identifier_words(lines)
+        competence = assess(text_view)
+        if competence.supported and words:  # words in another language spread over several identifier fields
+            competence = assess(words)
+        answers: dict[str, AnswerV1] = {}
         tokens = dropped = windows_run = read = 0
 
         def run(text: str, ids: list[str], sentences: bool) -> list[torch.Tensor]:
@@ -1157,22 +1141,6 @@ class CompactModel:
             read += int(mask.sum())
             return logits
 
-        lines = _lines(request.state)  # the state's strings, read once for the text view and the identifier words
-        text_view = _text_view(lines, sentences=False)
-        spelled = self._spelled_questions(request.questions, _shaped_sentences(lines), run)
-        texts: dict[str, list[QuestionV1]] = {}  # questions that read the same text share one encoder pass
-        for question in request.questions:
-            view = CATALOG[question.id].view
-            if view != "text":
-                text = state_text(request.state, view)
-            else:
-                text = _text_view(lines, sentences=True) if question.id in spelled else text_view
-            texts.setdefault(text, []).append(question)
-        words = _identifier_words(lines)
-        competence = assess(text_view)
-        if competence.supported and words:  # words in another language spread over several identifier fields
-            competence = assess(words)
-        answers: dict[str, AnswerV1] = {}
         word_logits: dict[str, torch.Tensor] | None = None  # the identifier words' segments, read once per question
         for text, questions in texts.items():
             ids = [q.id for q in questions]
@@ -1204,22 +1172,6 @@ class CompactModel:
         )
         ordered = {q.id: answers[q.id] for q in request.questions}
         return CompactResponseV1(model=MODEL_NAME, answers=ordered, usage=usage)
-
-    def _spelled_questions(self, questions: Sequence[QuestionV1], sentences: str,
-                           run: Callable[[str, list[str], bool], list[torch.Tensor]]) -> set[str]:
-        """The ids of the text questions with a risky option to which ``sentences`` (:func:`_shaped_sentences`: the
-        words of known-shape values holding a sentence), read alone with ``run``, give that option at least
-        :data:`SHAPE_SENTENCE_FLOOR`: those read the words in the text view, the others leave the values out."""
-        asked = [q for q in questions if CATALOG[q.id].view == "text" and CATALOG[q.id].risky is not None]
-        if not sentences or not asked:
-            return set()
-        spelled = set()
-        for question, rows in zip(asked, run(sentences, [q.id for q in asked], True), strict=True):
-            entry = CATALOG[question.id]
-            probabilities = self.probabilities(question, rows[pick_window(rows, entry)])
-            if probabilities[_risky_index(entry)] >= SHAPE_SENTENCE_FLOOR:
-                spelled.add(question.id)
-        return spelled
 
     def _route(self, request: SystemOneRequestV1, confidence_profile: ConfidenceProfile) -> CompactResponseV1:
         assert isinstance(self.head, RouterHead)
@@ -1386,13 +1338,8 @@ def identifier_answer(text: list[float], words: list[float], entry: CatalogQuest
     risky option keep ``text``."""
     if entry.risky is None:
         return text
-    risky = _risky_index(entry)
+    risky = 0 if entry.risky == "true" else 1
     return words if words[risky] >= IDENTIFIER_FLOOR and words[risky] > text[risky] else text
-
-
-def _risky_index(entry: CatalogQuestion) -> int:
-    """Where a catalog entry's risky option stands in its probabilities (prompt order, noul ``[true, false]``)."""
-    return 0 if entry.risky == "true" else 1
 
 
 def unread(question: QuestionV1, entry: CatalogQuestion, *, blank: bool) -> list[float]:
