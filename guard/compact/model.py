@@ -214,9 +214,11 @@ PART_WORDS_SHARE = 0.5
 #: ``remember user token Lax`` alone scored 0.594, ``remember user token`` 0.143).
 _COOKIE_ATTRIBUTES = frozenset({"path", "domain", "expires", "max-age", "secure", "httponly", "samesite", "partitioned",
                                 "lax", "strict", "none"})
-#: A two-letter language code with an optional region (``en``, ``en-US``), an ``Accept-Language`` part that is not
-#: read as a sentence's words (:func:`_shaped_sentence`: ``en US en de`` are four common English words).
-_LANGUAGE_CODE_RE = re.compile(r"[A-Za-z]{2}(?:-[A-Za-z]{2})?")
+#: A language tag of a language of two or three letters, an optional script and an optional region (``en``,
+#: ``en-US``, ``sr-Latn-RS``, ``es-419``: BCP 47's common forms), an ``Accept-Language`` part that is not read as a
+#: sentence's words (:func:`_shaped_sentence`: ``en US en de`` are four common English words, ``sr Latn RS`` three
+#: words of an identifier).
+_LANGUAGE_CODE_RE = re.compile(r"[A-Za-z]{2,3}(?:-[A-Za-z]{4})?(?:-(?:[A-Za-z]{2}|\d{3}))?")
 #: One token with a separator (``/ - _ . :``) or a lower-case letter followed by an upper-case one (camelCase).
 _IDENTIFIER_LINE_RE = re.compile(r"(?=[\w./:-]*(?:[./:_-]|[a-z][A-Z]))[\w./:-]+")
 #: Where an identifier splits into words: its separators and its camelCase humps.
@@ -370,10 +372,10 @@ def _shaped_sentence(shape: str, parts: list[str]) -> bool:
     :data:`SHAPE_WORD_PARTS` parts in a row are one ASCII word each (``C:\\Synthesize\\Sarin\\Nerve\\Agent\\Precursors``)."""
     common = english_words()
     free = parts[1:] if shape == "media type" else _free_parts(shape, parts)
-    if any(_worded_part(part) for part in free):
-        return True
     if shape == "accept language":
         free = [part for part in free if not _LANGUAGE_CODE_RE.fullmatch(part)]
+    if any(_worded_part(part) for part in free):
+        return True
     if sum(len(word) >= 2 and word.lower() in common for word in _sentence_parts(free)) >= IDENTIFIER_WORDS:
         return True
     run = longest = 0

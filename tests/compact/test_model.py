@@ -445,3 +445,14 @@ def test_every_sentence_of_a_long_text_is_also_read_alone(encoder: Any) -> None:
     assert attack in parts and any(attack in p and p != attack for p in parts)
     assert "Set an alarm." in parts and "My balance." not in parts  # two words: joined to the next sentence
     assert segments(encoder, text, sentences=False)[0] == [text]
+
+
+@pytest.mark.parametrize("value", [
+    "en-US,en;q=0.9,de;q=0.8", "sr-Latn-RS,sr;q=0.9", "uz-Cyrl-UZ,uz;q=0.9", "mn-Cyrl-MN,mn;q=0.9",
+    "es-419,es;q=0.9,en;q=0.8", "zh-Hant-TW,zh;q=0.9,yue;q=0.5", "fil-PH,fil;q=0.9",
+])  # fmt: skip
+def test_accept_language_tags_are_metadata(value: str) -> None:
+    """A script subtag (``sr-Latn-RS``: three words of an identifier) made an ``Accept-Language`` value a sentence,
+    read beside the text (injection 0.69 beside "Summarise our chat so far.")."""
+    text = "Summarise our chat so far."
+    assert state_text({"text": text, "accept_language": value}, "text") == text
