@@ -33,6 +33,7 @@ import collections
 import functools
 import itertools
 import json
+import os
 import re
 import string
 import zlib
@@ -288,7 +289,7 @@ def _scrubbed(text: str, scrub: Callable[[str], str]) -> tuple[str, int]:
     if len(text) == len(head) or masked == head:
         return masked + text[len(head):], 0
     shorter = scrub(head[:-_SECRET_CHARS])
-    same = next((i for i, (a, b) in enumerate(zip(masked, shorter)) if a != b), min(len(masked), len(shorter)))
+    same = len(os.path.commonprefix([masked, shorter]))
     left = len(text[len(head) - _SECRET_CHARS:].encode("utf-8")) + len(shorter[same:].encode("utf-8"))
     return masked[:same], left
 
