@@ -66,7 +66,15 @@ def _by_option(question: QuestionV1, spec: Any) -> dict[str, Any]:
         if sorted(keys) != sorted(options):
             raise ValueError(f"question {question.id!r}: give a probability for each of {options}, got {keys}")
         return {str(k): v for k, v in spec.items()}
-    raise ValueError(f"question {question.id!r} ({question.type}): cannot read an answer from {spec!r}")
+    raise ValueError(f"question {question.id!r} ({question.type}): cannot read an answer from {spec!r}; "
+                     f"expected {_SHAPES[question.type].format(options=options)}")
+
+
+_SHAPES = {
+    "noul": "P(true) as a number (0.93) or {{'true': p, 'false': p}}",
+    "choice": "an option id alone or {{option_id: p}} over every option of {options}",
+    "score": "a list of one probability per level, lowest first, or {{level: p}} over {options}",
+}
 
 
 class FixtureBackend:

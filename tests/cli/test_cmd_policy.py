@@ -776,6 +776,28 @@ def test_an_answer_its_question_cannot_read_fails_the_case_by_name(
     assert "Traceback" not in captured.err
 
 
+@pytest.mark.parametrize(("question", "answer", "hint"), [
+    ("{type: score, instructions: 'How severe?', criteria: [None., Some., Much., All.]}", "3",
+     "expected a list of one probability per level, lowest first, or {level: p} over ['0', '1', '2', '3']"),
+    ("{type: choice, instructions: 'Which?', criteria: {a: First., b: Second.}}", "[1, 0]",
+     "expected an option id alone or {option_id: p} over every option of ['a', 'b']"),
+], ids=["score", "choice"])
+def test_an_answer_of_the_wrong_shape_says_the_shape_its_question_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], question: str, answer: str, hint: str
+) -> None:
+    """A score answered with a bare level (as a choice takes a bare option id) said only that the answer could not be
+    read; the failure names the shapes the question's type takes."""
+    (tmp_path / "p.yaml").write_text(
+        "policies:\n  - id: p\n    version: 1\n    match: {http: {}}\n"
+        f"    questions: {{q: {question}}}\n"
+        "    rules: [{id: bad, when: 'true', action: block}]\n")
+    (tmp_path / "p_test.yaml").write_text(
+        f"cases:\n  - name: shape\n    input: {{http: {{method: POST, path: /x}}}}\n    answers: {{q: {answer}}}\n"
+        "    expect: {action: block}\n")
+    assert main(["policy", "test", str(tmp_path)]) == 1
+    assert hint in capsys.readouterr().err
+
+
 def test_two_keys_of_one_question_given_different_answers_fail_the_case_by_name(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
