@@ -15,8 +15,8 @@ Routes:
   the ``x-request-timeout-ms`` header (default 30 s); a request still queued at its deadline, or whose client
   disconnected, is dropped before compute. A full queue answers 429 (or 503) with ``Retry-After`` at once, before the
   body is read, and so does any request while the request bodies in memory (counted as their bytes arrive, held until
-  the request is answered) are at ``max_pending_body_bytes``; a body whose bytes would pass it is refused the same way,
-  and so is a request whose images' pixel tensors, once encoded, would (counted from the images' headers before any
+  the request is answered; a compressed body's decoded bytes from its decoding) are at ``max_pending_body_bytes``; a
+  body whose bytes, or decoded bytes, would pass it is refused the same way, and so is a request whose images' pixel tensors, once encoded, would (counted from the images' headers before any
   is decoded, they count from then until the answer; a request alone may pass the limit, so one larger than it is
   still served). A body that
   sends nothing for ``body_idle_timeout_s`` is a 408 ``body_timeout``. At most
@@ -171,8 +171,9 @@ class WorkerConfig:
         max_body_bytes: largest request body; more is a 413.
         max_pending_body_bytes: most bytes of request bodies held in memory at once, counted as they arrive and held
             until the request is answered (parsed, it waits for encoding and compute holding as much memory or
-            more), with their images' pixel tensors; while they are at it a new request is refused as a full queue
-            is, and so is a body whose next bytes would pass it. At least ``max_body_bytes``; the worker logs a
+            more; a compressed body counts its decoded size once decoded, in place of the bytes received when
+            larger), with their images' pixel tensors; while they are at it a new request is refused as a full queue
+            is, and so is a body whose next bytes, or decoded bytes, would pass it. At least ``max_body_bytes``; the worker logs a
             warning at start when it is below one request of four images at the largest size with its body at
             ``max_body_bytes``.
         body_idle_timeout_s: most seconds a request body may send nothing (408 ``body_timeout``).
@@ -589,8 +590,13 @@ async def _read_and_answer(
         async with asyncio.timeout(max(timeout - (time.monotonic() - started), 0.0)):
             await runtime.intake.acquire()
         try:
-            system_request, names = await asyncio.to_thread(_read_request, raw, content_type, multipart, codings,
-                                                            config)
+            if codings:
+                decoded = await asyncio.to_thread(_intake.decode_content, raw, codings, config.max_body_bytes)
+                # the decoded body (and the request parsed from it) is held until the answer: it counts in place of
+                # the bytes received, once it is larger than they are (on the event loop, where the share is counted)
+                held.add(max(len(decoded) - len(raw), 0))
+                raw = decoded
+            system_request, names = await asyncio.to_thread(_read_request, raw, content_type, multipart, config)
         finally:
             runtime.intake.release()
     except TimeoutError:
@@ -651,18 +657,17 @@ def _overloaded(config: WorkerConfig, message: str, retry_after: float) -> JSONR
 
 
 def _read_request(
-    raw: bytes, content_type: str, multipart: bool, content_encoding: str, config: WorkerConfig
+    raw: bytes, content_type: str, multipart: bool, config: WorkerConfig
 ) -> tuple[SystemOneRequestV1, list[str]]:
-    """The validated request in a body as received (``multipart``: a ``multipart/form-data`` one), and the asset
-    names of its images (in order).
+    """The validated request in a body whose ``Content-Encoding`` is undone (``multipart``: a ``multipart/form-data``
+    one), and the asset names of its images (in order).
 
     Raises:
-        BodyError: a bad coding, multipart body or image (its status and field).
+        BodyError: a bad multipart body or image (its status and field).
         InvalidJson: the JSON is not strict JSON.
         RequestValidationError: the request breaks the wire rules; an image sent as an asset is named
             ``assets.<name>``.
     """
-    raw = _intake.decode_content(raw, content_encoding, config.max_body_bytes)
     parts: dict[str, tuple[str, bytes]] = {}
     if multipart:
         raw, parts = _intake.split_multipart(raw, content_type)

@@ -7,8 +7,10 @@ import asyncio
 import inspect
 import json
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -109,6 +111,49 @@ async def test_a_body_of_millions_of_arrays_is_refused_before_parsing(worker: Ru
     assert loads("[[], {}]", max_containers=3) == [[], {}]
     with pytest.raises(InvalidJson, match="holds 4 arrays and objects"):
         loads("[[], {}, []]", max_containers=3)
+
+
+async def test_a_compressed_body_counts_its_decoded_bytes_against_the_pending_limit(
+    clef_fp32: ClefModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the bytes received counted: eight zstd bodies of 703 bytes, each 6.5 MB of JSON once decoded, were all
+    taken in beside each other under a 9 MB ``max_pending_body_bytes`` (``body_bytes`` never above 5,624 while the
+    worker grew by 440 MB), where the same bodies sent plain got 429 (review finding). The decoded body counts, from
+    its decoding until the answer, so a second such body while the first is held gets the full queue's 429."""
+    import zstandard
+
+    cap = 64 * 1024
+    config = WorkerConfig(max_body_bytes=cap, max_pending_body_bytes=cap, model_name="clef-flash", canary_interval_s=0)
+    plain = json.dumps({**ticket_body(0), "state": "word " * 8000}).encode()  # more than half of the limit
+    body = zstandard.compress(plain)
+    headers = {"content-type": "application/json", "content-encoding": "zstd"}
+    released = threading.Event()
+    forward = clef_fp32.forward_records
+
+    def wedged(records: Any) -> Any:
+        released.wait(30)
+        return forward(records)
+
+    with serve_worker(LocalBackend(clef_fp32, max_length=2048), config=config) as worker:
+        async with worker.client() as client:
+            monkeypatch.setattr(clef_fp32, "forward_records", wedged)
+            try:
+                first = asyncio.ensure_future(client.post("/v1/systemone", content=body, headers=headers))
+                deadline = time.monotonic() + 10
+                while worker.batcher.in_flight == 0:  # read, decoded, parsed, encoded: in the forward pass
+                    assert time.monotonic() < deadline, "the request never reached the forward pass"
+                    await asyncio.sleep(0.01)
+                held = (await client.get("/readyz")).json()["body_bytes"]
+                second = await client.post("/v1/systemone", content=body,
+                                           headers={**headers, "x-request-timeout-ms": "2000"})
+            finally:
+                released.set()
+            answered = await first
+            left = (await client.get("/readyz")).json()["body_bytes"]
+    assert len(body) < 1000 and held == len(plain)
+    assert second.status_code == 429 and second.headers["retry-after"] == "1", second.text
+    assert second.json()["code"] == "overloaded" and str(cap) in second.json()["message"]
+    assert answered.status_code == 200 and left == 0, answered.text
 
 
 async def test_megabytes_of_instructions_are_refused_without_holding_the_encoding_threads(
