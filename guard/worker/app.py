@@ -875,5 +875,8 @@ def create_app(
             Middleware(_ApiKeys, keys=runtime.config.api_keys),
         ],
     )
+    # a path with a slash added is an unknown path (404), not a redirect: Starlette's would name the request's own
+    # Host in its Location
+    app.router.redirect_slashes = False
     app.state.worker = runtime
     return app
