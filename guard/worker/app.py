@@ -810,7 +810,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     code = (
         _http.NOT_FOUND if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else "http_error"
     )
-    return _http.error_response(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}")
+    response = _http.error_response(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}")
+    response.headers.update(exc.headers or {})  # a 405's Allow (RFC 9110 section 15.5.6)
+    return response
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

@@ -205,6 +205,7 @@ async def test_unknown_routes_and_methods_are_json_errors(worker: RunningWorker)
         wrong = await client.get("/v1/systemone")
     assert missing.status_code == 404 and missing.json()["code"] == "not_found"
     assert wrong.status_code == 405 and wrong.json()["code"] == "method_not_allowed"
+    assert wrong.headers["allow"] == "POST"  # a 405 names the methods the route takes (RFC 9110 section 15.5.6)
 
 
 async def test_a_path_with_a_slash_added_is_not_found_not_redirected(worker: RunningWorker) -> None:
