@@ -164,11 +164,17 @@ def parse_timeout(headers: Headers, default_s: float, maximum_s: float) -> float
     """Seconds the caller will wait: the :data:`TIMEOUT_HEADER` value capped at ``maximum_s``, else ``default_s``.
 
     Raises:
-        BodyError: 400 ``invalid_header`` when the header is not a number of milliseconds > 0.
+        BodyError: 400 ``invalid_header`` when the header is not a number of milliseconds > 0; 400
+            :data:`REPEATED_HEADER` when it is sent more than once (field ``headers.x-request-timeout-ms``: which copy
+            a front proxy read is unknown).
     """
-    raw = headers.get(TIMEOUT_HEADER)
-    if raw is None:
+    try:
+        value_bytes = sole_header(headers.raw, TIMEOUT_HEADER)
+    except BodyError as exc:
+        raise BodyError(exc.status, exc.code, exc.reason, field=f"headers.{exc.field}") from None
+    if value_bytes is None:
         return default_s
+    raw = value_bytes.decode("latin-1")
     try:
         value = float(raw)
     except ValueError:

@@ -12,7 +12,7 @@ Routes:
   422; every image error names the asset (``assets.<name>``) when the image came as one. Strict JSON (400 for non-JSON, duplicate keys, NaN), validated with the ``workers-ai``
   profile by default (422 naming every bad field), answered through
   :class:`~guard.backends.local.LocalBackend` (batched with concurrent requests). The caller's deadline comes from
-  the ``x-request-timeout-ms`` header (default 30 s); a request still queued at its deadline, or whose client
+  the ``x-request-timeout-ms`` header (default 30 s; sent twice, a 400 ``repeated_header``); a request still queued at its deadline, or whose client
   disconnected, is dropped before compute. A full queue answers 429 (or 503) with ``Retry-After`` at once, before the
   body is read, and so does any request while the request bodies in memory (counted as their bytes arrive, held until
   the request is answered; a compressed body's decoded bytes from its decoding) are at ``max_pending_body_bytes``; a

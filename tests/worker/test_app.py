@@ -189,6 +189,18 @@ async def test_bad_requests_get_a_4xx_naming_the_field(
         assert (await client.post("/v1/systemone", json=ticket_body(0))).status_code == 200
 
 
+@pytest.mark.parametrize("values", [("1", "30000"), ("30000", "1"), ("30000", "30000")])
+async def test_a_repeated_deadline_header_is_refused(worker: RunningWorker, values: tuple[str, str]) -> None:
+    """Two ``x-request-timeout-ms`` lines were read as the first (review finding), where a front proxy may read the
+    last: the field holds one value, so two are a 400 ``repeated_header``, as for ``Content-Type``."""
+    headers = [("x-request-timeout-ms", value) for value in values]
+    async with worker.client() as client:
+        response = await client.post("/v1/systemone", json=ticket_body(0), headers=headers)
+    assert response.status_code == 400, response.text
+    body = response.json()
+    assert body["code"] == "repeated_header" and body["field"] == "headers.x-request-timeout-ms", body
+
+
 async def test_every_bad_field_is_listed(worker: RunningWorker) -> None:
     body = {"model": "", "state": 5, "questions": {"a b": {"type": "score", "instructions": "", "criteria": ["x"]}}}
     async with worker.client() as client:
