@@ -166,7 +166,8 @@ def split_multipart(body: bytes, content_type: str) -> tuple[bytes, dict[str, tu
 
     Raises:
         BodyError: 400 ``invalid_multipart`` naming what is wrong (no boundary, no ``request`` part, a repeated or
-            unnamed part, more than :data:`MAX_PARTS` parts, a truncated body).
+            unnamed part, a part sending a header more than once, more than :data:`MAX_PARTS` parts, a truncated
+            body).
     """
     _, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
@@ -188,7 +189,11 @@ def split_multipart(body: bytes, content_type: str) -> tuple[bytes, dict[str, tu
         header["value"][0].extend(data[start:end])
 
     def on_header_end() -> None:
-        parts[-1][0][header["field"][0].decode("latin-1").lower()] = header["value"][0].decode("latin-1")
+        name = header["field"][0].decode("latin-1").lower()
+        if name in parts[-1][0]:  # readers differ on which copy wins: a front proxy may have read the other
+            raise BodyError(400, INVALID_MULTIPART, f"part {len(parts) - 1} sends its {name} header more than once",
+                            field="body")
+        parts[-1][0][name] = header["value"][0].decode("latin-1")
         header["field"][0] = bytearray()
         header["value"][0] = bytearray()
 

@@ -147,3 +147,19 @@ def test_a_part_named_in_utf8_matches_the_asset_that_names_it() -> None:
             f'--{boundary}--\r\n').encode()
     request, parts = _intake.split_multipart(body, f"multipart/form-data; boundary={boundary}")
     assert request == b"{}" and list(parts) == ["é"] and parts["é"][1] == b"PNGDATA"
+
+
+@pytest.mark.parametrize("repeated", [
+    'Content-Disposition: form-data; name="notes"\r\nContent-Disposition: form-data; name="scan"',
+    'Content-Disposition: form-data; name="scan"\r\nContent-Type: image/png\r\ncontent-type: image/gif',
+])
+def test_a_part_sending_a_header_twice_is_refused_naming_the_part(repeated: str) -> None:
+    """A part's repeated header was read as its last copy (review finding), so a front proxy reading the first saw
+    another part name or type than the worker. The part is refused, named by its place in the body."""
+    boundary = "b0undary"
+    body = (f'--{boundary}\r\nContent-Disposition: form-data; name="request"\r\n\r\n{{}}\r\n'
+            f'--{boundary}\r\n{repeated}\r\n\r\nPNGDATA\r\n'
+            f'--{boundary}--\r\n').encode()
+    with pytest.raises(BodyError, match="part 1 sends its content-(disposition|type) header more than once") as caught:
+        _intake.split_multipart(body, f"multipart/form-data; boundary={boundary}")
+    assert (caught.value.status, caught.value.code, caught.value.field) == (400, "invalid_multipart", "body")
