@@ -55,7 +55,7 @@ from guard.agents._records import (
 from guard.agents.claims import ApprovalClaims, MemoryApprovalClaims, claim_id
 from guard.agents.decisions import response_schema, review_request
 from guard.policy.instructions import find_instructions, strip_spans
-from guard.policy.provenance import DETECTOR_MAX_CHARS
+from guard.policy.provenance import DETECTOR_MAX_CHARS, resolved_effect
 from guard.subject import AgentSubject
 
 __all__ = ["DEFAULT_MAX_REVIEW_ROUNDS", "Prepared", "ToolCallEnforcer", "redirect"]
@@ -91,7 +91,9 @@ class Prepared:
     ``edited``: a reviewer changed it; ``reviewed``: a review decision released it (it is claimed once before it
     runs); ``rewritten``: a wrapper listed before guard changed its name or arguments (claimed too, but the claim is
     given back when the tool raises, so a retry can run it); ``held_digest``: the digest of the call as the model's turn holds it (as prepared when that turn is not in
-    the state), which an edit leaves as it is: every decision on one review item makes the same claim."""
+    the state), which an edit leaves as it is: every decision on one review item makes the same claim;
+    ``ran_early``: its tool started before the verdict (:meth:`ToolCallEnforcer.run`), in this run or in the run
+    that asked for the review this one resumes, so a message saying the call did not pass says it ran."""
 
     request: ToolCallRequest
     tool_call_id: str
@@ -106,12 +108,30 @@ class Prepared:
     reviewed: bool = False
     rewritten: bool = False
     held_digest: str = ""
+    ran_early: bool = False
 
 
 logger = logging.getLogger("guard.agents")
 
 #: The trigger LangGraph gives a task started by ``Send`` (its ``langgraph_triggers`` metadata).
 _SENT_TASK = "__pregel_push"
+#: The ``configurable`` key of LangGraph's per-task scratchpad, where ``interrupt()`` finds its resume values.
+_SCRATCHPAD = "__pregel_scratchpad"
+
+
+def _resuming() -> bool:
+    """Whether this task runs again to resume an interrupt (LangGraph holds a resume value for it: the answer to a
+    review of its call, or to its tool's own ``interrupt()``). ``False`` outside a graph run; ``True`` when the task's
+    scratchpad cannot be read (so nothing starts before its verdict)."""
+    try:
+        configurable = get_config().get("configurable") or {}
+    except RuntimeError:  # not inside a graph run
+        return False
+    scratchpad = configurable.get(_SCRATCHPAD)
+    try:
+        return bool(scratchpad.resume) or scratchpad.get_null_resume(False) is not None
+    except (AttributeError, TypeError):
+        return True
 
 
 def _holds_tool_message(value: Any) -> bool:
@@ -125,8 +145,9 @@ class ToolCallEnforcer:
 
     Args:
         judge: evaluates subjects and settles handoffs.
-        side_effecting_tools: tool names that must wait for a final verdict, or ``"all"``. Other tools (read-only)
-            may start while the guard decides; their output is discarded unless the verdict allows it.
+        side_effecting_tools: tool names that must wait for a final verdict, or ``"all"``. A tool it does not name
+            may start while the guard decides only if guard knows it is read-only (:meth:`_speculative`), and never
+            when the call is resumed; its output is discarded unless the verdict allows it.
         tool_result_action: what a non-allow ``tool_result`` verdict does: ``block`` (withhold the output),
             ``strip`` (pass it on without the spans that give the agent instructions; withheld when none is found) or
             ``quote`` (pass it on as quoted data with a warning).
@@ -266,7 +287,16 @@ class ToolCallEnforcer:
         return parsed[0] if len(parsed) > 1 or invalid or as_sent else None
 
     def _speculative(self, prepared: Prepared) -> bool:
-        return self.side_effecting is not None and prepared.tool not in self.side_effecting
+        """Whether ``prepared``'s tool may start while the guard decides: ``side_effecting_tools`` is a list that does
+        not name it, and its effect is ``read_only`` as every policy matching the call reads it (the policy's
+        ``tools`` entry, else the tool's metadata, :func:`~guard.agents._arguments.tool_effect`; the metadata alone
+        when none matches). A side-effecting tool, or one whose effect is unknown, waits for its verdict."""
+        if self.side_effecting is None or prepared.tool in self.side_effecting:
+            return False
+        declared = prepared.subject.tool_effect
+        policies = self.judge.guard.matching(prepared.subject)
+        effects = {resolved_effect(policy.tools, prepared.tool, declared) for policy in policies} or {declared}
+        return effects == {"read_only"}
 
     def apply_edit(self, prepared: Prepared, decision: Mapping[str, Any]) -> Prepared | ToolMessage:
         """The call a reviewer edited (``arguments`` and maybe ``tool``), or an error message when the new tool does
@@ -277,11 +307,12 @@ class ToolCallEnforcer:
         arguments = decision["arguments"]
         new_request = redirect(prepared.request, tool, arguments)
         if isinstance(new_request, str):
-            return msgs.rejected(prepared.tool, prepared.tool_call_id, None, f"the reviewer's edit {new_request}", "")
+            reason = f"the reviewer's edit {new_request}"
+            return msgs.rejected(prepared.tool, prepared.tool_call_id, None, reason, "", ran_early=prepared.ran_early)
         problem = empty_arguments_problem(new_request.tool, arguments)
         if problem is not None:
             reason = f"the reviewer's edit cannot run: {problem}"
-            return msgs.rejected(prepared.tool, prepared.tool_call_id, None, reason, "")
+            return msgs.rejected(prepared.tool, prepared.tool_call_id, None, reason, "", ran_early=prepared.ran_early)
         subject = replace(prepared.subject, tool_name=tool, arguments=arguments, tool_effect=tool_effect(new_request.tool))
         return replace(
             prepared,
@@ -347,21 +378,33 @@ class ToolCallEnforcer:
     def _stop(self, prepared: Prepared, judgement: Judgement) -> Result:
         """The answer to a call that does not run: handed to a node, or blocked (an escalation that cannot be
         reviewed where it runs, see :meth:`_shares_its_task`, included)."""
+        ran_early = prepared.ran_early
         if judgement.outcome == "route":
             node = judgement.node or ""
-            message = msgs.handed_off(prepared.tool, prepared.tool_call_id, judgement.verdict, node)
+            message = msgs.handed_off(prepared.tool, prepared.tool_call_id, judgement.verdict, node, ran_early=ran_early)
             return Command(goto=node, update={self.messages_key: [message]})
+        reason = judgement.reason
         if judgement.outcome == "escalate":
             logger.warning("tool call %r needs review but shares its tool-node task with other calls; blocked (route "
                            "tool calls with guard.agents.send_tool_calls)", prepared.tool)
-            return msgs.blocked(prepared.tool, prepared.tool_call_id, judgement.verdict, msgs.UNREVIEWABLE_REASON)
-        return msgs.blocked(prepared.tool, prepared.tool_call_id, judgement.verdict, judgement.reason)
+            reason = msgs.UNREVIEWABLE_REASON
+        return msgs.blocked(prepared.tool, prepared.tool_call_id, judgement.verdict, reason, ran_early=ran_early)
+
+    def _rejected(self, prepared: Prepared, judgement: Judgement, decision: Mapping[str, Any]) -> ToolMessage:
+        """The answer to a call a reviewer rejected."""
+        return msgs.rejected(prepared.tool, prepared.tool_call_id, judgement.verdict, decision.get("message"),
+                             decision["_item"], ran_early=prepared.ran_early)
+
+    def _too_many_rounds(self, prepared: Prepared, judgement: Judgement) -> ToolMessage:
+        """The answer to an edited call that still needs approval after :attr:`max_review_rounds` reviews."""
+        reason = TOO_MANY_ROUNDS.format(rounds=self.max_review_rounds)
+        return msgs.blocked(prepared.tool, prepared.tool_call_id, judgement.verdict, reason, ran_early=prepared.ran_early)
 
     def _annotate(self, result: Result, prepared: Prepared) -> Result:
         if not prepared.edited or not isinstance(result, ToolMessage):
             return result
         refused = result.status == "error" and self._refuses(prepared)
-        notice = msgs.edit_notice(prepared.tool, prepared.arguments, refused=refused)
+        notice = msgs.edit_notice(prepared.tool, prepared.arguments, refused=refused, ran_early=prepared.ran_early)
         if isinstance(result.content, str):
             joint = "\n" if refused else "\n\nTool response:\n"
             return result.model_copy(update={"content": f"{notice}{joint}{result.content}"})
@@ -550,7 +593,9 @@ class ToolCallEnforcer:
             raise
         return self._annotate(self.check_result(result, prepared), prepared)
 
-    def _judge_speculating(self, prepared: Prepared, handler: SyncHandler) -> tuple[Judgement, Result | None]:
+    def _judge_speculating(self, prepared: Prepared, handler: SyncHandler) -> tuple[Judgement, Result | None, bool]:
+        """Judge the call while its tool runs: the verdict, the tool's result when the verdict allows it (else
+        ``None``), and whether the tool ran (always: it is waited for)."""
         with running_tool():  # the tool runs in a copy of the context as it is now
             context = contextvars.copy_context()
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="guard-speculative") as pool:
@@ -562,10 +607,12 @@ class ToolCallEnforcer:
                 if judgement.outcome == "allow":
                     raise
                 result = None
-        return judgement, result if judgement.outcome == "allow" else None
+        return judgement, result if judgement.outcome == "allow" else None, True
 
     def run(self, request: ToolCallRequest, handler: SyncHandler, *, reviewed: bool = False) -> Result:
-        """Judge the call, then run, block, route or escalate it (blocking). ``ToolNode``'s ``wrap_tool_call``.
+        """Judge the call, then run, block, route or escalate it (blocking). ``ToolNode``'s ``wrap_tool_call``. A
+        tool that may start early (:meth:`_speculative`) runs while the call is judged, unless the task resumes an
+        interrupt (the run that asked for the review started it).
         ``reviewed``: a reviewer outside guard released this call. It is claimed once before it runs (under the call
         the model's turn holds, :meth:`claim_key`), as is a call whose arguments differ from that one: a wrapper
         listed before this one changed it, as a per-call ``HumanInTheLoopMiddleware`` edit does without a trace in
@@ -579,9 +626,13 @@ class ToolCallEnforcer:
         elif prepared.digest != prepared.held_digest:
             prepared = replace(prepared, rewritten=True)
         early: Result | None = None
-        if self._speculative(prepared):
-            judgement, early = self._judge_speculating(prepared, handler)
+        speculative = self._speculative(prepared)
+        if speculative and not _resuming():
+            judgement, early, started = self._judge_speculating(prepared, handler)
+            prepared = replace(prepared, ran_early=started)
         else:
+            # a resumed call that may start early started in the run that asked for its review
+            prepared = replace(prepared, ran_early=speculative)
             judgement = self.judge.judge(prepared.subject)
         return self.settle(prepared, judgement, handler, early)
 
@@ -600,16 +651,13 @@ class ToolCallEnforcer:
             if decision["type"] == "approve":
                 return self.run_allowed(replace(prepared, reviewed=True), handler)
             if decision["type"] == "reject":
-                return msgs.rejected(
-                    prepared.tool, prepared.tool_call_id, judgement.verdict, decision.get("message"), decision["_item"]
-                )
+                return self._rejected(prepared, judgement, decision)
             edited = self.apply_edit(prepared, decision)
             if isinstance(edited, ToolMessage):
                 return edited
             prepared, early = edited, None
             judgement = self.judge.judge(prepared.subject)
-        reason = TOO_MANY_ROUNDS.format(rounds=self.max_review_rounds)
-        return msgs.blocked(prepared.tool, prepared.tool_call_id, judgement.verdict, reason)
+        return self._too_many_rounds(prepared, judgement)
 
     # Async ------------------------------------------------------------------------------------------------------
 
@@ -657,20 +705,31 @@ class ToolCallEnforcer:
             raise
         return self._annotate(await self.acheck_result(result, prepared), prepared)
 
-    async def _ajudge_speculating(self, prepared: Prepared, handler: AsyncHandler) -> tuple[Judgement, Result | None]:
+    async def _ajudge_speculating(
+        self, prepared: Prepared, handler: AsyncHandler
+    ) -> tuple[Judgement, Result | None, bool]:
+        """Async twin of :meth:`_judge_speculating`; a tool the verdict does not allow is cancelled, and whether it
+        ran says whether it had started by then."""
+        started = False
+
+        async def early() -> Result:
+            nonlocal started
+            started = True
+            return await handler(prepared.request)
+
         with running_tool():  # the task takes a copy of the context as it is now
-            task = asyncio.ensure_future(handler(prepared.request))
+            task = asyncio.ensure_future(early())
         try:
             judgement = await self.judge.ajudge(prepared.subject)
         except BaseException:
             task.cancel()
             raise
         if judgement.outcome == "allow":
-            return judgement, await task
+            return judgement, await task, True
         task.cancel()
         with contextlib.suppress(BaseException):
             await task
-        return judgement, None
+        return judgement, None, started
 
     async def arun(self, request: ToolCallRequest, handler: AsyncHandler, *, reviewed: bool = False) -> Result:
         """Async twin of :meth:`run`. ``ToolNode``'s ``awrap_tool_call``."""
@@ -682,9 +741,13 @@ class ToolCallEnforcer:
         elif prepared.digest != prepared.held_digest:
             prepared = replace(prepared, rewritten=True)
         early: Result | None = None
-        if self._speculative(prepared):
-            judgement, early = await self._ajudge_speculating(prepared, handler)
+        speculative = self._speculative(prepared)
+        if speculative and not _resuming():
+            judgement, early, started = await self._ajudge_speculating(prepared, handler)
+            prepared = replace(prepared, ran_early=started)
         else:
+            # a resumed call that may start early started in the run that asked for its review
+            prepared = replace(prepared, ran_early=speculative)
             judgement = await self.judge.ajudge(prepared.subject)
         return await self.asettle(prepared, judgement, handler, early)
 
@@ -703,13 +766,10 @@ class ToolCallEnforcer:
             if decision["type"] == "approve":
                 return await self.arun_allowed(replace(prepared, reviewed=True), handler)
             if decision["type"] == "reject":
-                return msgs.rejected(
-                    prepared.tool, prepared.tool_call_id, judgement.verdict, decision.get("message"), decision["_item"]
-                )
+                return self._rejected(prepared, judgement, decision)
             edited = self.apply_edit(prepared, decision)
             if isinstance(edited, ToolMessage):
                 return edited
             prepared, early = edited, None
             judgement = await self.judge.ajudge(prepared.subject)
-        reason = TOO_MANY_ROUNDS.format(rounds=self.max_review_rounds)
-        return msgs.blocked(prepared.tool, prepared.tool_call_id, judgement.verdict, reason)
+        return self._too_many_rounds(prepared, judgement)

@@ -16,14 +16,19 @@ from guard.verdict import Verdict
 
 __all__ = [
     "ALREADY_ANSWERED_TEMPLATE",
+    "BLOCKED_RAN_TEMPLATE",
     "BLOCKED_TEMPLATE",
+    "EDIT_NOTICE_RAN_TEMPLATE",
     "EDIT_NOTICE_TEMPLATE",
     "EDIT_REFUSED_OUTCOME",
+    "HANDOFF_NODE_RAN_TEMPLATE",
     "HANDOFF_NODE_TEMPLATE",
     "INPUT_BLOCKED_TEMPLATE",
     "INPUT_WITHHELD_TEMPLATE",
     "MALFORMED_TEMPLATE",
     "OUTPUT_BLOCKED_TEMPLATE",
+    "RAN_EARLY_NOTE",
+    "REJECTED_RAN_TEMPLATE",
     "REJECTED_TEMPLATE",
     "RESULT_BLOCKED_TEMPLATE",
     "RESULT_QUOTED_TEMPLATE",
@@ -45,6 +50,15 @@ BLOCKED_TEMPLATE = (
     "Tool call `{tool}` (id {tool_call_id}) was blocked by guard policy {policy} (rule {rule}) and was not executed: "
     "{reason}. Do not retry this call unless the user explicitly asks for it."
 )
+RAN_EARLY_NOTE = (
+    "It had already started before the verdict (guard lets a tool declared read-only start while it decides), so it "
+    "ran; its output was withheld."
+)
+"""Says that a call which does not pass ran anyway: its tool started while guard decided (the ``_RAN_`` templates)."""
+BLOCKED_RAN_TEMPLATE = (
+    "Tool call `{tool}` (id {tool_call_id}) was blocked by guard policy {policy} (rule {rule}): {reason}. "
+    + RAN_EARLY_NOTE + " Do not retry this call unless the user explicitly asks for it."
+)
 MALFORMED_TEMPLATE = (
     "Tool call `{tool}` (id {tool_call_id}) was not executed: {problem}. If the call is still needed, send it again "
     "with arguments that form one complete JSON object."
@@ -53,13 +67,23 @@ REJECTED_TEMPLATE = (
     "A reviewer rejected tool call `{tool}` (id {tool_call_id}); it was not executed. Reason: {reason}. Do not retry "
     "this call unless the user explicitly asks for it."
 )
+REJECTED_RAN_TEMPLATE = (
+    "A reviewer rejected tool call `{tool}` (id {tool_call_id}). Reason: {reason}. " + RAN_EARLY_NOTE
+    + " Do not retry this call unless the user explicitly asks for it."
+)
 EDIT_NOTICE_TEMPLATE = (
     "Note: a reviewer replaced this tool call before it ran; this was intentional and authorized. Called instead: "
     "`{tool}` with arguments {arguments}. Do not re-issue the original call.{outcome}"
 )
+EDIT_NOTICE_RAN_TEMPLATE = (
+    "Note: a reviewer replaced this tool call; this was intentional and authorized. The original call had already "
+    "started before the verdict (guard lets a tool declared read-only start while it decides), so it ran; its output "
+    "was withheld. Called instead: `{tool}` with arguments {arguments}. Do not re-issue the original call.{outcome}"
+)
 EDIT_REFUSED_OUTCOME = " The tool refused these arguments, so it did not run; its error:"
 """Ends the edit notice's call when the tool refused the edited arguments (its error follows)."""
 HANDOFF_NODE_TEMPLATE = "Tool call `{tool}` (id {tool_call_id}) was handed to `{node}` for review; it was not executed."
+HANDOFF_NODE_RAN_TEMPLATE = "Tool call `{tool}` (id {tool_call_id}) was handed to `{node}` for review. " + RAN_EARLY_NOTE
 ALREADY_ANSWERED_TEMPLATE = (
     "Tool call `{tool}` (id {tool_call_id}) already has a result; guard never runs the same call twice."
 )
@@ -151,12 +175,21 @@ def tool_error(
     )
 
 
-def blocked(tool: str, tool_call_id: str, verdict: Verdict, reason: str | None = None) -> ToolMessage:
-    """The error tool message that answers a call the guard blocked (``BLOCKED_TEMPLATE``)."""
-    content = BLOCKED_TEMPLATE.format(
-        tool=tool, tool_call_id=tool_call_id, reason=reason_of(verdict, reason), **_fields(verdict)
+def _ran(ran_early: bool) -> dict[str, Any]:
+    """The metadata of a message whose call ran before its verdict (``lc_data["ran_early"]``); none otherwise."""
+    return {"ran_early": True} if ran_early else {}
+
+
+def blocked(
+    tool: str, tool_call_id: str, verdict: Verdict, reason: str | None = None, *, ran_early: bool = False
+) -> ToolMessage:
+    """The error tool message that answers a call the guard blocked (``BLOCKED_TEMPLATE``; ``BLOCKED_RAN_TEMPLATE``
+    and ``lc_data["ran_early"]`` with ``ran_early``: its tool started before the verdict)."""
+    template = BLOCKED_RAN_TEMPLATE if ran_early else BLOCKED_TEMPLATE
+    content = template.format(tool=tool, tool_call_id=tool_call_id, reason=reason_of(verdict, reason), **_fields(verdict))
+    return tool_error(
+        tool=tool, tool_call_id=tool_call_id, content=content, verdict=verdict, outcome="blocked", **_ran(ran_early)
     )
-    return tool_error(tool=tool, tool_call_id=tool_call_id, content=content, verdict=verdict, outcome="blocked")
 
 
 def malformed(tool: str, tool_call_id: str, problem: str, verdict: Verdict) -> ToolMessage:
@@ -165,19 +198,27 @@ def malformed(tool: str, tool_call_id: str, problem: str, verdict: Verdict) -> T
     return tool_error(tool=tool, tool_call_id=tool_call_id, content=content, verdict=verdict, outcome="malformed")
 
 
-def rejected(tool: str, tool_call_id: str, verdict: Verdict | None, reason: str | None, pending_id: str) -> ToolMessage:
-    """The error tool message for a held call a reviewer rejected (``reason``: the reviewer's, if any)."""
-    content = REJECTED_TEMPLATE.format(tool=tool, tool_call_id=tool_call_id, reason=(reason or _NO_REASON).rstrip("."))
+def rejected(
+    tool: str, tool_call_id: str, verdict: Verdict | None, reason: str | None, pending_id: str, *, ran_early: bool = False
+) -> ToolMessage:
+    """The error tool message for a held call a reviewer rejected (``reason``: the reviewer's, if any; ``ran_early``:
+    its tool started before the verdict, ``REJECTED_RAN_TEMPLATE``)."""
+    template = REJECTED_RAN_TEMPLATE if ran_early else REJECTED_TEMPLATE
+    content = template.format(tool=tool, tool_call_id=tool_call_id, reason=(reason or _NO_REASON).rstrip("."))
     return tool_error(
-        tool=tool, tool_call_id=tool_call_id, content=content, verdict=verdict, outcome="rejected", review=pending_id
+        tool=tool, tool_call_id=tool_call_id, content=content, verdict=verdict, outcome="rejected", review=pending_id,
+        **_ran(ran_early),
     )
 
 
-def handed_off(tool: str, tool_call_id: str, verdict: Verdict, node: str) -> ToolMessage:
-    """The tool message for a call handed off to the graph node ``node`` instead of running."""
-    content = HANDOFF_NODE_TEMPLATE.format(tool=tool, tool_call_id=tool_call_id, node=node)
+def handed_off(tool: str, tool_call_id: str, verdict: Verdict, node: str, *, ran_early: bool = False) -> ToolMessage:
+    """The tool message for a call handed off to the graph node ``node`` instead of running (``ran_early``: its tool
+    started before the verdict, ``HANDOFF_NODE_RAN_TEMPLATE``)."""
+    template = HANDOFF_NODE_RAN_TEMPLATE if ran_early else HANDOFF_NODE_TEMPLATE
+    content = template.format(tool=tool, tool_call_id=tool_call_id, node=node)
     return tool_error(
-        tool=tool, tool_call_id=tool_call_id, content=content, verdict=verdict, outcome="handed_off", node=node
+        tool=tool, tool_call_id=tool_call_id, content=content, verdict=verdict, outcome="handed_off", node=node,
+        **_ran(ran_early),
     )
 
 
@@ -187,11 +228,13 @@ def already_answered(tool: str, tool_call_id: str) -> ToolMessage:
     return tool_error(tool=tool, tool_call_id=tool_call_id, content=content, verdict=None, outcome="duplicate")
 
 
-def edit_notice(tool: str, arguments: Any, *, refused: bool = False) -> str:
+def edit_notice(tool: str, arguments: Any, *, refused: bool = False, ran_early: bool = False) -> str:
     """The note telling the model that a reviewer edited its call to ``tool`` to these ``arguments``; ``refused``:
-    the tool refused them (never ran), and its error follows the note."""
+    the tool refused them (never ran), and its error follows the note; ``ran_early``: the original call's tool started
+    before the verdict (``EDIT_NOTICE_RAN_TEMPLATE``)."""
     text = json.dumps(arguments, ensure_ascii=False, default=str)
-    return EDIT_NOTICE_TEMPLATE.format(tool=tool, arguments=text, outcome=EDIT_REFUSED_OUTCOME if refused else "")
+    template = EDIT_NOTICE_RAN_TEMPLATE if ran_early else EDIT_NOTICE_TEMPLATE
+    return template.format(tool=tool, arguments=text, outcome=EDIT_REFUSED_OUTCOME if refused else "")
 
 
 def result_withheld(tool: str, tool_call_id: str, verdict: Verdict) -> ToolMessage:

@@ -56,8 +56,9 @@ class GuardToolWrapper:
         guard: the engine.
         reviewers: handoff target -> chat model that answers allow/deny.
         handoff_nodes: handoff targets that are nodes of this graph.
-        side_effecting_tools: tools that wait for a final verdict (default ``"all"``); the others may start while the
-            guard decides and their output is dropped unless allowed.
+        side_effecting_tools: tools that wait for a final verdict (default ``"all"``); another tool may start while
+            the guard decides only when guard knows it is read-only (a side-effecting or unknown effect waits), and
+            its output is dropped unless allowed.
         tool_result_action: ``block`` withholds flagged tool output; ``quote`` passes it as quoted data; ``strip``
             passes it without the spans that give the assistant instructions.
         fail_mode: what an unsettled handoff or a raising guard becomes (default ``escalate``).

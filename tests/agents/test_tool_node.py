@@ -183,6 +183,17 @@ def test_handoff_to_a_graph_node(harness: Any, thread: Any) -> None:
     assert "was handed to `second_opinion` for review" in out.tool_messages()["a"].text
 
 
+def _declared(tools: list[Any], **effects: dict[str, Any]) -> list[Any]:
+    """``tools`` with the metadata ``effects`` names for some of them (tool name -> metadata)."""
+    for t in tools:
+        if t.name in effects:
+            t.metadata = effects[t.name]
+    return tools
+
+
+READ_ONLY = {"guard_effect": "read_only"}
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
 async def test_read_only_tools_may_start_early_side_effecting_ones_never(harness: Any, thread: Any, mode: str) -> None:
@@ -194,14 +205,108 @@ async def test_read_only_tools_may_start_early_side_effecting_ones_never(harness
             ("read_file", {"path": "notes.txt"}, "n"),
         ]
     )
-    graph, config = build(h, turn, side_effecting_tools=["pay", "refund", "delete_all_records", "fetch"]), thread()
+    tools = _declared(h.tools, read_file=READ_ONLY)
+    options = {"side_effecting_tools": ["pay", "refund", "delete_all_records", "fetch"], "tools": tools}
+    graph, config = build(h, turn, **options), thread()
     out = drive(graph, USER, config, mode) if mode == "invoke" else await adrive(graph, USER, config, mode)
     assert h.runs.count("delete_all_records") == 0
-    # both reads started while the guard decided (read-only); each ran once, the blocked one's output was dropped
+    # both reads started while the guard decided (declared read-only); each ran once, the blocked one's output dropped
     assert sorted(c[1]["path"] for c in h.runs.calls) == ["notes.txt", "secret.txt"]
     messages = out.tool_messages()
     assert "contents of" not in messages["r"].text and messages["r"].status == "error"
+    # the notice says the blocked read ran, and that its output was withheld
+    assert "not executed" not in messages["r"].text and "so it ran; its output was withheld" in messages["r"].text
+    assert messages["r"].additional_kwargs["lc_data"]["ran_early"] is True
     assert messages["n"].text == "contents of notes.txt"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+@pytest.mark.parametrize(
+    "metadata", [{"guard_effect": "side_effecting"}, {"destructiveHint": True}, {"readOnlyHint": False}, None]
+)
+async def test_a_tool_not_known_read_only_never_starts_before_its_verdict(
+    harness: Any, thread: Any, mode: str, metadata: dict[str, Any] | None
+) -> None:
+    """``side_effecting_tools`` lists some tools; a tool it leaves out whose metadata says it acts (or says nothing)
+    still waits for its verdict: blocked, it never ran, as the notice says."""
+    h = harness()
+    tools = _declared(h.tools, delete_all_records=metadata) if metadata is not None else h.tools
+    turn = Turn(calls=[("delete_all_records", {}, "d")])
+    graph, config = build(h, turn, tools=tools, side_effecting_tools=["pay"]), thread()
+    out = drive(graph, USER, config, mode) if mode == "invoke" else await adrive(graph, USER, config, mode)
+    assert h.runs.count("delete_all_records") == 0
+    message = out.tool_messages()["d"]
+    assert "was not executed" in message.text and "ran_early" not in message.additional_kwargs["lc_data"]
+
+
+def test_a_policy_declaring_a_tool_side_effecting_keeps_it_from_starting_early(harness: Any, thread: Any) -> None:
+    """The tool's metadata says read-only, the policy's ``tools`` says side-effecting: the policy wins."""
+    import dataclasses
+
+    from guard.engine import Guard
+    from guard.policy import load_files
+    from guard.policy.provenance import ToolSpec
+    from tests.agents.conftest import POLICIES
+
+    h = harness()
+    h.guard.close()
+    policies = [
+        dataclasses.replace(p, tools={"delete_all_records": ToolSpec(effect="side_effecting")})
+        if p.id == "agent-tools" else p
+        for p in load_files(POLICIES)
+    ]
+    h.guard = Guard(policies, backends=h.backend)
+    tools = _declared(h.tools, delete_all_records=READ_ONLY)
+    graph, config = build(h, Turn(calls=[("delete_all_records", {}, "d")]), tools=tools, side_effecting_tools=["pay"]), thread()
+    out = drive(graph, USER, config, "invoke")
+    assert h.runs.count() == 0 and "was not executed" in out.tool_messages()["d"].text
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+@pytest.mark.parametrize("decision", [{"type": "approve"}, {"type": "reject", "message": "no"}])
+async def test_an_escalated_call_of_an_undeclared_tool_runs_only_once_approved(
+    harness: Any, thread: Any, mode: str, decision: dict[str, Any]
+) -> None:
+    """``side_effecting_tools=["refund"]``: ``pay`` (no declared effect) waits for its verdict, and its resume starts
+    nothing early: an approval runs it once, a reject never."""
+    h = harness()
+    graph, config = build(h, Turn(calls=[("pay", {"amount": 500, "to": "bob"}, "c1")]), side_effecting_tools=["refund"]), thread()
+    out = await run(graph, USER, config, mode)
+    assert h.runs.count() == 0 and len(out.interrupts) == 1
+    answers = {item["id"]: decision for item in out.items()}
+    out = await run(graph, resume_command(out.interrupts, answers), config, mode)
+    message = out.tool_messages()["c1"]
+    if decision["type"] == "approve":
+        assert h.runs.calls == [("pay", {"amount": 500, "to": "bob"})] and message.text == "paid 500 to bob"
+    else:
+        assert h.runs.count() == 0 and "it was not executed" in message.text
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+@pytest.mark.parametrize("decision", [{"type": "approve"}, {"type": "reject", "message": "no"}])
+async def test_an_escalated_read_only_call_starts_early_once_and_never_on_its_resume(
+    harness: Any, thread: Any, mode: str, decision: dict[str, Any]
+) -> None:
+    """A tool declared read-only starts while its call is judged; escalated, its output is dropped. The resume does
+    not start it again: an approval runs it once more (its output is the answer), and a reject's notice says it ran."""
+    h = harness(delay=0.05)
+    tools = _declared(h.tools, pay=READ_ONLY)
+    turn = Turn(calls=[("pay", {"amount": 500, "to": "bob"}, "c1")])
+    graph, config = build(h, turn, tools=tools, side_effecting_tools=["refund"]), thread()
+    out = await run(graph, USER, config, mode)
+    assert h.runs.count() == 1 and len(out.interrupts) == 1 and not out.tool_messages()
+    answers = {item["id"]: decision for item in out.items()}
+    out = await run(graph, resume_command(out.interrupts, answers), config, mode)
+    message = out.tool_messages()["c1"]
+    if decision["type"] == "approve":
+        assert h.runs.count() == 2 and message.text == "paid 500 to bob"
+    else:
+        assert h.runs.count() == 1
+        assert "not executed" not in message.text and "so it ran; its output was withheld" in message.text
+        assert message.additional_kwargs["lc_data"]["ran_early"] is True
 
 
 def test_send_tool_calls_routes_only_unanswered_calls() -> None:
