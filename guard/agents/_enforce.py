@@ -44,6 +44,7 @@ from guard.agents._arguments import (
 )
 from guard.agents._content import message_text, unread_media
 from guard.agents._judge import Judge, Judgement
+from guard.agents._quiet import quiet_tool
 from guard.agents._records import (
     ai_message_for,
     answered_ids,
@@ -436,6 +437,12 @@ class ToolCallEnforcer:
             thread_id=prepared.thread_id,
         )
 
+    def _withholds(self, prepared: Prepared) -> bool:
+        """Whether an enforced ``tool_result`` policy applies to ``prepared``'s tool (its output may be withheld), so
+        its run reports to no handler that streams outputs to a client (:func:`~guard.agents._quiet.quiet_tool`)."""
+        policy = self.judge.accountable(self._output_subject(prepared, None))
+        return policy is not None and policy.mode != "shadow"
+
     def _result_subject(self, message: BaseMessage, prepared: Prepared) -> AgentSubject | None:
         text = message_text(message)
         if not text:
@@ -585,7 +592,7 @@ class ToolCallEnforcer:
         if key is not None:
             self.claims.claim(key)
         try:
-            with running_tool():
+            with running_tool(), quiet_tool(prepared.request.runtime, self._withholds(prepared)):
                 result = handler(prepared.request)
         except Exception as exc:
             if key is not None and self._gives_back(prepared, exc):
@@ -598,7 +605,8 @@ class ToolCallEnforcer:
         ``None``), and whether the tool ran (always: it is waited for)."""
         with running_tool():  # the tool runs in a copy of the context as it is now
             context = contextvars.copy_context()
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="guard-speculative") as pool:
+        quiet = quiet_tool(prepared.request.runtime, self._withholds(prepared))
+        with quiet, ThreadPoolExecutor(max_workers=1, thread_name_prefix="guard-speculative") as pool:
             future = pool.submit(context.run, handler, prepared.request)
             judgement = self.judge.judge(prepared.subject)
             try:
@@ -697,7 +705,7 @@ class ToolCallEnforcer:
         if key is not None:
             await self.claims.aclaim(key)
         try:
-            with running_tool():
+            with running_tool(), quiet_tool(prepared.request.runtime, self._withholds(prepared)):
                 result = await handler(prepared.request)
         except Exception as exc:
             if key is not None and self._gives_back(prepared, exc):
@@ -717,19 +725,20 @@ class ToolCallEnforcer:
             started = True
             return await handler(prepared.request)
 
-        with running_tool():  # the task takes a copy of the context as it is now
-            task = asyncio.ensure_future(early())
-        try:
-            judgement = await self.judge.ajudge(prepared.subject)
-        except BaseException:
+        with quiet_tool(prepared.request.runtime, self._withholds(prepared)):
+            with running_tool():  # the task takes a copy of the context as it is now
+                task = asyncio.ensure_future(early())
+            try:
+                judgement = await self.judge.ajudge(prepared.subject)
+            except BaseException:
+                task.cancel()
+                raise
+            if judgement.outcome == "allow":
+                return judgement, await task, True
             task.cancel()
-            raise
-        if judgement.outcome == "allow":
-            return judgement, await task, True
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        return judgement, None, started
+            with contextlib.suppress(BaseException):
+                await task
+            return judgement, None, started
 
     async def arun(self, request: ToolCallRequest, handler: AsyncHandler, *, reviewed: bool = False) -> Result:
         """Async twin of :meth:`run`. ``ToolNode``'s ``awrap_tool_call``."""

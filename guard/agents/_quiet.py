@@ -1,10 +1,11 @@
-"""Chat model runs whose tokens no client sees while they run: a reply held for its verdict
-(:class:`~guard.agents.GuardAgentMiddleware` with a ``model_output`` policy) and an LLM reviewer's answer.
+"""Runs whose outputs no client sees while they run: a chat model's reply held for its verdict
+(:class:`~guard.agents.GuardAgentMiddleware` with a ``model_output`` policy), an LLM reviewer's answer, and a tool's
+output that a ``tool_result`` policy may withhold.
 
 :func:`quiet_tokens` gives the runs inside a block LangGraph's ``nostream`` tag, leaves out the callback handlers that
 stream outputs to a client (LangGraph's ``messages`` stream, ``astream_events``, ``astream_log``) and drops the new
 tokens (``on_llm_new_token``) of every other handler but tracers; :func:`quiet_model` does the same to the handlers a
-model was built with.
+model was built with, and :func:`quiet_tool` to the handlers a ``ToolNode`` runs one tool call with.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from langchain_core.runnables.config import ensure_config, var_child_runnable_co
 from langchain_core.tracers.base import BaseTracer
 from langgraph.constants import TAG_NOSTREAM
 
-__all__ = ["quiet_model", "quiet_tokens"]
+__all__ = ["quiet_model", "quiet_tokens", "quiet_tool"]
 
 
 def _streams_outputs(handler: Any) -> bool:
@@ -124,3 +125,23 @@ def quiet_model(model: Any, enabled: bool) -> Any:
         return model
     return model.model_copy(update={"callbacks": _without_streams(model.callbacks)})
 
+
+
+@contextmanager
+def quiet_tool(runtime: Any, enabled: bool) -> Iterator[None]:
+    """Within the block, the tool call whose ``ToolRuntime`` is ``runtime`` reports to its handlers as
+    :func:`quiet_tokens` makes them (none that streams outputs), so ``astream_events``/``astream_log`` do not carry its
+    output (``on_tool_end``) before guard judged it. A ``ToolNode`` invokes the tool with the config of the call's
+    runtime, so its ``callbacks`` are swapped in that config for the block (the runtime is the call's own: each call
+    of a ``ToolNode`` gets a config of its own) and put back after. Nothing changes when not ``enabled``, or without a
+    runtime config that holds callbacks."""
+    config = getattr(runtime, "config", None)
+    if not enabled or not isinstance(config, dict) or config.get("callbacks") is None:
+        yield
+        return
+    callbacks = config["callbacks"]
+    config["callbacks"] = _without_streams(callbacks)
+    try:
+        yield
+    finally:
+        config["callbacks"] = callbacks

@@ -10,6 +10,7 @@ import pytest
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
 from langchain.agents.structured_output import ToolStrategy
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, ToolMessage
 from langchain_core.tools import InjectedToolCallId, tool
@@ -173,6 +174,47 @@ def test_injected_tool_result_is_withheld_from_the_model(harness: Any, thread: A
     assert "withheld by guard policy agent-results (rule injected)" in message.text
     judged = [r.state for r in h.backend.requests if isinstance(r.state, dict) and "result" in r.state]
     assert judged and INJECTION in judged[0]["result"]  # the guard read the output as a state field (data)
+
+
+class ToolOutputs(BaseCallbackHandler):
+    """A handler that notes every tool output it gets (``on_tool_end``); with ``streams`` it taps outputs as the
+    handlers of ``astream_events``, ``astream_log`` and LangGraph's ``messages`` stream do."""
+
+    def __init__(self, *, streams: bool) -> None:
+        self.outputs: list[str] = []
+        if streams:
+            self.tap_output_iter = lambda run_id, output: output
+            self.tap_output_aiter = lambda run_id, output: output
+
+    def on_tool_end(self, output: Any, **kwargs: Any) -> None:
+        self.outputs.append(repr(output))
+
+
+@pytest.mark.anyio
+async def test_a_withheld_tool_output_never_reaches_the_event_stream(harness: Any, thread: Any) -> None:
+    """``astream_events`` (LangGraph Platform's ``events`` mode) reads a tool's output from its callbacks: where an
+    enforced ``tool_result`` policy applies, the tool runs without the handlers that stream outputs, so the output
+    guard withholds reaches no event; the judged message is in the tools node's output."""
+    h = harness()
+    tools = counting_tools(h.runs, fetch_result=f"{INJECTION} SECRETMARK")
+    agent = make_agent(h, Turn(calls=[("fetch", {"url": "http://x"}, "f")]), tools=tools)
+    events = [ev async for ev in agent.astream_events(USER, thread(), version="v2")]
+    assert h.runs.count("fetch") == 1
+    assert not [ev for ev in events if "SECRETMARK" in repr(ev.get("data"))]
+    assert any(ev["event"] == "on_chain_end" and ev["name"] == "tools" and "rule injected" in repr(ev["data"])
+               for ev in events)
+
+
+def test_a_tool_whose_output_may_be_withheld_reports_to_no_streaming_handler(harness: Any, thread: Any) -> None:
+    """The blocking path: a handler that streams outputs gets nothing of the tool's run; an application's own handler
+    still gets its ``on_tool_end`` (as it gets ``on_llm_end`` of a held reply)."""
+    h = harness()
+    tools = counting_tools(h.runs, fetch_result=f"{INJECTION} SECRETMARK")
+    agent = make_agent(h, Turn(calls=[("fetch", {"url": "http://x"}, "f")]), tools=tools)
+    streaming, own = ToolOutputs(streams=True), ToolOutputs(streams=False)
+    out = agent.invoke(USER, {**thread(), "callbacks": [streaming, own]})
+    assert "withheld by guard policy agent-results" in out["messages"][2].text
+    assert streaming.outputs == [] and any("SECRETMARK" in o for o in own.outputs)
 
 
 @pytest.mark.anyio

@@ -309,6 +309,33 @@ async def test_an_escalated_read_only_call_starts_early_once_and_never_on_its_re
         assert message.additional_kwargs["lc_data"]["ran_early"] is True
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("early", [False, True])
+async def test_the_guarded_node_streams_no_event_of_a_tool_whose_output_may_be_withheld(
+    harness: Any, thread: Any, early: bool
+) -> None:
+    """``astream_events`` never carries the output a ``tool_result`` policy withholds, whether the tool waited for its
+    verdict or started while the guard decided (declared read-only)."""
+    from tests.agents._fakes import Runs, counting_tools
+    from tests.agents.test_middleware_events import ToolOutputs
+
+    h = harness()
+    h.runs = Runs()
+    tools = counting_tools(h.runs, fetch_result=f"{INJECTION} SECRETMARK")
+    if early:
+        _declared(tools, fetch=READ_ONLY)
+    turn = Turn(calls=[("fetch", {"url": "http://x"}, "f")])
+    graph, config = build(h, turn, tools=tools, side_effecting_tools=["pay"]), thread()
+    events = [ev async for ev in graph.astream_events(USER, config, version="v2")]
+    assert h.runs.count("fetch") == 1
+    assert not [ev for ev in events if "SECRETMARK" in repr(ev.get("data"))]
+    assert "rule injected" in (await graph.aget_state(config)).values["messages"][2].text
+    # the blocking path: a handler that streams outputs gets nothing of the tool's run
+    streaming = ToolOutputs(streams=True)
+    build(h, turn, tools=tools, side_effecting_tools=["pay"]).invoke(USER, {**thread(), "callbacks": [streaming]})
+    assert h.runs.count("fetch") == 2 and streaming.outputs == []
+
+
 def test_send_tool_calls_routes_only_unanswered_calls() -> None:
     from langchain_core.messages import HumanMessage, ToolMessage
 
