@@ -1027,7 +1027,12 @@ def _allowing_connect(base: type[AbstractConnection]) -> type[AbstractConnection
     operation, has the operation's connect allowance, then moves the operation's timeout to ``op_timeout`` from the
     moment it is connected: the command is bounded by ``op_timeout`` and the handshake (TCP, TLS, ``AUTH``,
     ``SELECT``) by ``connect_timeout``, not both by one ``op_timeout`` (with Redis 15 ms away, a handshake and the
-    command passed 50 ms; each timeout dropped the connection, so every operation made a new one and timed out)."""
+    command passed 50 ms; each timeout dropped the connection, so every operation made a new one and timed out).
+
+    A connect that returns after its allowance ran out raises ``TimeoutError`` (a store failure, as a timeout that
+    cancels the connect is): the timeout fired, but its cancellation never reached the task (redis-py sends the
+    handshake's commands through ``asyncio.wait_for``, which on Python 3.11 drops a cancellation that comes as the
+    send completes, as when a busy event loop runs the timeout late), and an expired timeout cannot be moved on."""
 
     async def connect(self: AbstractConnection) -> None:
         operation = _OPERATION.get()
@@ -1038,6 +1043,8 @@ def _allowing_connect(base: type[AbstractConnection]) -> type[AbstractConnection
         loop = asyncio.get_running_loop()
         timeout.reschedule(loop.time() + connect_s)
         await base.connect(self)
+        if timeout.expired():  # it fired, but its cancellation did not reach this task: out of time all the same
+            raise TimeoutError(f"no Redis connection within the {connect_s * 1000:.0f} ms connect timeout")
         timeout.reschedule(loop.time() + op_s)
 
     return type(f"Guard{base.__name__}", (base,), {"connect": connect, "__doc__": base.__doc__})

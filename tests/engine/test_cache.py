@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import pytest
@@ -907,6 +908,35 @@ async def test_a_frozen_redis_with_a_database_in_its_url_is_still_a_miss_within_
     verdict = await guard.aevaluate(subject("ignore"))
     assert (verdict.action, verdict.cache_hit, verdict.fail_mode) == ("block", False, None)
     assert loop.time() - started < 1.0 and cache.health().errors == 1
+    await guard.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_connect_that_outlasts_its_allowance_while_the_loop_is_busy_is_a_store_timeout(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """60 concurrent requests, Redis replies 0-60 ms late: the event loop ran the operation's timeout late, as the
+    ``SELECT`` of a new connection was sent; redis-py sends through ``asyncio.wait_for``, which on Python 3.11 drops
+    that cancellation, so the connect returned with the timeout expiring and moving it on raised ``RuntimeError``,
+    counted as guard's own error (health ``internal_error``). It is the store's timeout now."""
+    from redis.asyncio.connection import Connection
+
+    opened = Connection._connect
+
+    async def busy_loop_meanwhile(self: Any) -> None:
+        await opened(self)
+        time.sleep(0.08)  # noqa: ASYNC251 - the loop is busy past the 50 ms connect allowance: the timeout runs late
+
+    monkeypatch.setattr(Connection, "_connect", busy_loop_meanwhile)
+    url = urlunsplit(urlsplit(redis_url)._replace(path="/3"))  # a database to SELECT: a command in the handshake
+    cache = RedisCache(CacheConfig(url=url, op_timeout=0.05, local_ttl=0))  # nothing is written: the read failed
+    backend = ScriptedBackend(by_text)
+    guard = Guard(policies(), backends=backend, cache=cache)
+    verdict = await guard.aevaluate(subject("ignore"))
+    assert (verdict.action, verdict.cache_hit, verdict.fail_mode, backend.calls) == ("block", False, None, 1)
+    health = cache.health()
+    assert (health.code, health.internal_errors, health.errors) == ("degraded", 0, 1), health.last_error
+    assert health.last_error == "TimeoutError: no Redis connection within the 50 ms connect timeout"
     await guard.aclose()
 
 
