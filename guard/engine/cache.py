@@ -435,20 +435,18 @@ class ProbabilityCache:
             if keep:
                 self._keep(key, CachedAnswers(decoded), self._local_until(ttl))
             return CachedAnswers(response), "miss"
-        token, holder = await self._acquire(key, wait)
+        token, holder, stored = await self._acquire(key, request, ttl, wait)
         if token is None:  # another replica leads: its answers or its failure, or past FOLLOW_SHARE our own call's
             started = time.monotonic()
             outcome = await self._follow_or_hedge(flight, key, request, compute, wait, ttl, holder)
             if outcome is not None:
                 return outcome
             wait = max(wait - (time.monotonic() - started), 0.001)  # the leader vanished early: lead, in what is left
-            token, _ = await self._acquire(key, wait)  # None: held again (another replica): call without it
-        if token:  # double-checked: a replica may have stored the answers between our read and our lock
-            stored = await self._read(key, request, ttl, count=False)
-            if isinstance(stored, CachedAnswers):
-                await self._release(key, token)
-                self._stats.shared += 1
-                return stored, "shared"
+            token, _, stored = await self._acquire(key, request, ttl, wait)  # None: held again: call without it
+        if token and stored is not None:  # double-checked: a replica stored the answers between our read and our lock
+            await self._release(key, token)
+            self._stats.shared += 1
+            return stored, "shared"
         try:  # token None: without the lock, which another holds
             outcome = await self._answered(flight, key, await _run(compute, request, wait), ttl)
         except BackendError as exc:
@@ -537,21 +535,17 @@ class ProbabilityCache:
         except Exception as exc:  # noqa: BLE001 - a bug: the caller still gets its answers
             self._internal_error(exc, f"writing the answers of {key[:16]}")
 
-    async def _read(
-        self, key: str, request: SystemOneRequestV1, ttl: float, *, count: bool = True
-    ) -> CachedAnswers | _Failed | None:
-        """The stored answers, ``None`` (absent, unreadable or of the wrong shape: counted, later overwritten), or
-        ``_FAILED`` when the store did not answer."""
+    async def _read(self, key: str, request: SystemOneRequestV1, ttl: float) -> CachedAnswers | _Failed | None:
+        """The stored answers (counted as a hit), ``None`` (absent, unreadable or of the wrong shape: counted, later
+        overwritten), or ``_FAILED`` when the store did not answer."""
         try:
             answers = await self._load(key, request, ttl)
         except MalformedAnswer as exc:
-            if count:
-                self._count_bad(key, exc)
+            self._count_bad(key, exc)
             return None
         if not isinstance(answers, CachedAnswers):
             return answers
-        if count:
-            self._stats.hits += 1
+        self._stats.hits += 1
         return answers
 
     def _count_bad(self, key: str, exc: MalformedAnswer) -> None:
@@ -613,10 +607,15 @@ class ProbabilityCache:
         error (:meth:`_store_or_count`), never the decision's."""
         raise NotImplementedError
 
-    async def _acquire(self, key: str, wait: float) -> tuple[str | None, bytes | None]:
-        """``(token, holder)``: our lock token, ``""`` when no cross-process lock applies, or ``None`` when another
-        process holds the lock, whose value is then ``holder`` (the lock its followers wait on)."""
-        return "", None
+    async def _acquire(
+        self, key: str, request: SystemOneRequestV1, ttl: float, wait: float
+    ) -> tuple[str | None, bytes | None, CachedAnswers | None]:
+        """``(token, holder, stored)``: our lock token, ``""`` when no cross-process lock applies, or ``None`` when
+        another process holds the lock, whose value is then ``holder`` (the lock its followers wait on); with our lock,
+        ``stored`` is the checked answers read under ``key`` in the same round trip (stored by another replica since
+        this caller's read: the double check; ``None`` when absent or unreadable, not counted again), else ``None``.
+        """
+        return "", None, None
 
     async def _release(self, key: str, token: str) -> None:
         return None
@@ -814,7 +813,7 @@ return 0
         else:  # and what it has left in Redis, which bounds the copy (another replica may have written it long ago)
             got = await self._op(functools.partial(_get_with_pttl, name=name))
             raw, left_ms = (_FAILED, -2) if got is _FAILED else got
-            left = min(ttl, left_ms / 1000) if isinstance(left_ms, int) and left_ms >= 0 else ttl
+            left = _time_left(ttl, left_ms)
         if raw is None or raw is _FAILED:
             return raw
         return self._decode(key, raw, request, left)
@@ -832,23 +831,47 @@ return 0
             # Held in process even when the write failed: these answers are right for local_ttl, Redis or not.
             self._keep(key, CachedAnswers(decoded), self._local_until(ttl), blob)
 
-    async def _acquire(self, key: str, wait: float) -> tuple[str | None, bytes | None]:
+    async def _acquire(
+        self, key: str, request: SystemOneRequestV1, ttl: float, wait: float
+    ) -> tuple[str | None, bytes | None, CachedAnswers | None]:
         ttl_ms = max(1, int((wait + 0.5) * 1000))
         # sealed, so a follower can tell it from a planted one; with its end, so a copy put back later is stale
         token = self._sealed_until("l", key, uuid.uuid4().hex.encode(), ttl_ms).decode()
-        name = self._key("l", key)
+        name, value = self._key("l", key), self._key("a", key)
+        with_pttl = self.config.local_ttl > 0  # as _load reads it: what the value has left bounds a local copy
 
-        async def set_or_get(r: aioredis.Redis) -> list[Any]:  # one transaction: the holder of a lock we did not get
+        async def set_and_get(r: aioredis.Redis) -> list[Any]:
+            # one transaction, one round trip: the lock, its holder (of a lock we did not get), and the answers as
+            # they are once we hold it (the double check a miss makes before it calls the model)
             pipe = r.pipeline(transaction=True)
             pipe.set(name, token, nx=True, px=ttl_ms)
             pipe.get(name)
-            return await pipe.execute()
+            pipe.get(value)
+            if with_pttl:
+                pipe.pttl(value)
+            results = await pipe.execute(raise_on_error=False)
+            failed = next((result for result in results[:2] if isinstance(result, Exception)), None)
+            if failed is not None:
+                raise failed  # no lock to tell of: the operation failed
+            return results
 
-        got = await self._op(set_or_get)
+        got = await self._op(set_and_get)
         if got is _FAILED:
-            return "", None  # no lock without Redis; in-process single-flight still holds
-        acquired, holder = got
-        return (token, None) if acquired else (None, holder)
+            return "", None, None  # no lock without Redis; in-process single-flight still holds
+        acquired, holder, raw, *left_ms = got
+        if not acquired:
+            return None, holder, None
+        if isinstance(raw, Exception):  # Redis refused the read alone (a key of another type): the lock is ours
+            log = logger.debug if self._record_error(raw) else logger.warning  # once per period, as _op logs
+            log("redis cache could not read %s again (%s); calling the model", key[:16], self._stats.last_error)
+            return token, None, None
+        if raw is None:
+            return token, None, None
+        try:
+            stored = self._decode(key, raw, request, _time_left(ttl, left_ms[0]) if left_ms else ttl)
+        except MalformedAnswer:  # unreadable or forged: overwritten by our answers; counted by the reads that answer
+            stored = None
+        return token, None, stored
 
     async def _release(self, key: str, token: str) -> None:
         if token:
@@ -1061,6 +1084,12 @@ async def _get_with_pttl(client: aioredis.Redis, *, name: str) -> list[Any]:
     pipe.get(name)
     pipe.pttl(name)
     return await pipe.execute()
+
+
+def _time_left(ttl: float, left_ms: Any) -> float:
+    """Seconds a copy of a value read from Redis may answer in process: the policy's ``ttl``, at most what the value
+    has left there (``left_ms``, its PTTL: -1 without expiry, -2 when absent)."""
+    return min(ttl, left_ms / 1000) if isinstance(left_ms, int) and left_ms >= 0 else ttl
 
 
 def _end_flight(flights: dict[str, _Flight], key: str, flight: _Flight) -> None:

@@ -317,6 +317,91 @@ async def test_redis_single_flight_across_two_guards(redis_url: str, create_redi
         await guard.aclose()
 
 
+class _CountedRedis(RedisCache):
+    """A Redis cache that counts its round trips (each operation is one: a pipeline or transaction included)."""
+
+    round_trips = 0
+
+    async def _op(self, fn: Any) -> Any:
+        self.round_trips += 1
+        return await super()._op(fn)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("local_ttl", [1.0, 0])
+async def test_a_miss_makes_two_round_trips_before_the_model_is_called(
+    local_ttl: float, redis_url: str, create_redis: Any
+) -> None:
+    """A miss read the value, took the lock, then read the value again (the double check) before it called the
+    model: three round trips of the policy's timeout, so a Redis 18 ms away with the 50 ms op timeout put every miss
+    of a policy with a tight timeout in its fail mode. The double check is read in the lock's transaction."""
+    seen: list[int] = []
+    cache = _CountedRedis(CacheConfig(url=redis_url, prefix=create_redis.prefix, op_timeout=0.5, local_ttl=local_ttl))
+
+    def answer(request: SystemOneRequestV1) -> dict[str, Any]:
+        seen.append(cache.round_trips)
+        return by_text(request)
+
+    guard = Guard(policies(), backends=ScriptedBackend(answer), cache=cache)
+    verdict = await guard.aevaluate(subject("ignore"))
+    assert (verdict.action, verdict.cache_hit, seen) == ("block", False, [2])
+    await guard.aclose()
+    assert cache.round_trips == 4  # then the write and the release, after the caller went on
+    assert await keys(create_redis, "l") == [] and len(await keys(create_redis)) == 1
+    health = cache.health()
+    assert (health.misses, health.stores, health.errors, health.shared) == (1, 1, 0, 0)
+
+
+class _ReadTooEarly(RedisCache):
+    """A Redis cache whose lookups all miss, as when another replica stores the answers right after the read."""
+
+    async def _load(self, key: str, request: SystemOneRequestV1, ttl: float) -> Any:
+        return None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("local_ttl", [1.0, 0])
+async def test_answers_stored_between_the_read_and_the_lock_are_taken_from_the_locks_transaction(
+    local_ttl: float, redis_url: str, create_redis: Any
+) -> None:
+    """The double check (in the lock's transaction) finds the answers another replica stored since the read: no
+    model call, the lock released; a forged value found there is no answer, and the model decides."""
+    first = ScriptedBackend(by_text)
+    writer = Guard(policies(), backends=first, cache=redis_cache(redis_url, create_redis.prefix, local_ttl=local_ttl))
+    await writer.aevaluate(subject("ignore"))
+    await writer.aclose()
+    backend = ScriptedBackend(by_text)
+    cache = _ReadTooEarly(CacheConfig(url=redis_url, prefix=create_redis.prefix, op_timeout=0.5, local_ttl=local_ttl))
+    guard = Guard(policies(), backends=backend, cache=cache)
+    verdict = await guard.aevaluate(subject("ignore"))
+    assert (verdict.action, backend.calls, first.calls) == ("block", 0, 1)
+    assert await keys(create_redis, "l") == []  # released
+    health = cache.health()
+    assert (health.misses, health.shared, health.forged, health.errors) == (1, 1, 0, 0)
+    await guard.aclose()
+
+    (name,) = await keys(create_redis)
+    await create_redis().set(name, sealed(name, b"{}", store_key="another-store-key-0123456789"))
+    cache = _ReadTooEarly(CacheConfig(url=redis_url, prefix=create_redis.prefix, op_timeout=0.5, local_ttl=local_ttl))
+    guard = Guard(policies(), backends=backend, cache=cache)
+    verdict = await guard.aevaluate(subject("ignore"))
+    assert (verdict.action, verdict.cache_hit, backend.calls) == ("block", False, 1)
+    await guard.aclose()
+    assert unsealed(await create_redis().get(name)) != {}  # overwritten with the model's answers
+    assert await keys(create_redis, "l") == []
+
+    await create_redis().delete(name)
+    await create_redis().hset(name, "x", "1")  # a key of another type: Redis refuses the read, not the lock
+    cache = _ReadTooEarly(CacheConfig(url=redis_url, prefix=create_redis.prefix, op_timeout=0.5, local_ttl=local_ttl))
+    guard = Guard(policies(), backends=backend, cache=cache)
+    verdict = await guard.aevaluate(subject("ignore"))
+    assert (verdict.action, verdict.cache_hit, backend.calls) == ("block", False, 2)
+    await guard.aclose()
+    assert await keys(create_redis, "l") == []  # the lock was taken and released
+    health = cache.health()
+    assert (health.errors, health.stores, health.code) == (1, 1, "degraded") and "WRONGTYPE" in health.last_error
+
+
 @pytest.mark.anyio
 async def test_redis_followers_in_another_replica_follow_a_failed_leader(redis_url: str, create_redis: Any) -> None:
     failing = ScriptedBackend(by_text, delay=0.2, name="clef", fail=BackendUnavailable("boom", reason="http_500"))
