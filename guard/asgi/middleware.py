@@ -179,9 +179,10 @@ def _app_scope(scope: Scope, headers: HeaderList, *, judged: bool) -> Scope:
     """``scope`` as the application gets it: a client's ``x-guard-decision-id`` removed (and, on a ``judged``
     request, one this middleware judged or released, its ``x-guard-release-token`` and ``x-guard-review-id``), and
     the decision's id the response carries (``x-guard-decision-id`` in ``headers``: an allowed, redacted or released
-    request's) set as ``x-guard-decision-id``."""
+    request's) set as ``x-guard-decision-id``. A name spelled with ``_`` (``x_guard_decision_id``) is removed as well:
+    a WSGI server reads ``_`` and ``-`` alike (``HTTP_X_GUARD_DECISION_ID``)."""
     dropped = {DECISION_ID_HEADER, *_REVIEW_REQUEST_HEADERS} if judged else {DECISION_ID_HEADER}
-    kept = [(k, v) for k, v in scope["headers"] if k.lower() not in dropped]
+    kept = [(k, v) for k, v in scope["headers"] if k.lower().replace(b"_", b"-") not in dropped]
     kept += [(k, v) for k, v in headers if k == DECISION_ID_HEADER][:1]
     return {**scope, "headers": kept}
 

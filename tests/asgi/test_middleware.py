@@ -9,6 +9,7 @@ import json
 import socket
 import struct
 import threading
+import warnings
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,28 @@ async def test_the_app_gets_the_decision_id_and_never_a_clients_own(make_guard: 
         unjudged = await client.post("/public/echo", content=b"{}", headers=forged)
     assert judged.json() == [judged.headers["x-guard-decision-id"]]
     assert unjudged.json() == [] and "x-guard-decision-id" not in unjudged.headers
+
+
+async def test_a_wsgi_app_never_gets_a_clients_own_decision_id_spelled_with_underscores(
+    make_guard: GuardFactory,
+) -> None:
+    """A WSGI app (bridged by Starlette's ``WSGIMiddleware``) reads ``x_guard_decision_id`` as
+    ``HTTP_X_GUARD_DECISION_ID``, the header guard sets: a client's own, so spelled, is dropped too, on a path no
+    policy judges and on an allowed judged request (where the app would read ``forged,<real id>``)."""
+    def wsgi_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        start_response("200 OK", [("content-type", "application/json")])
+        return [json.dumps(environ.get("HTTP_X_GUARD_DECISION_ID")).encode()]
+
+    with warnings.catch_warnings():  # Starlette deprecates its bridge (in favour of a2wsgi); it still maps names so
+        warnings.simplefilter("ignore")
+        from starlette.middleware.wsgi import WSGIMiddleware
+    app = GuardMiddleware(WSGIMiddleware(wsgi_app), guard=make_guard())
+    forged = {"content-type": "application/json", "x_guard_decision_id": "forged"}
+    async with client_for(app) as client:
+        judged = await client.post("/v1/echo", content=json.dumps({"message": BENIGN}), headers=forged)
+        unjudged = await client.post("/public/echo", content=b"{}", headers=forged)
+    assert judged.status_code == 200 and judged.json() == judged.headers["x-guard-decision-id"]
+    assert unjudged.status_code == 200 and unjudged.json() is None
 
 
 async def test_decision_headers_must_be_brief_or_full(make_guard: GuardFactory) -> None:
