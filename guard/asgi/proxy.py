@@ -4,8 +4,9 @@ Requests stream to the upstream over the proxy's own keep-alive pool (:mod:`guar
 stream back, both without buffering (a guarded request's body is read once by :class:`~guard.asgi.GuardMiddleware`
 and then streamed on). The status and headers are kept, minus hop-by-hop headers (RFC 9110 7.6.1: ``Connection``
 and the headers it names, ``Keep-Alive``, ``Transfer-Encoding``, ``TE``, ``Trailer``, ``Upgrade``, ``Proxy-*``);
-``X-Forwarded-For`` is appended to, ``X-Forwarded-Proto/-Host`` are set (the client's, and its ``Forwarded`` and
-``X-Real-IP``, dropped unless ``ProxyConfig.trust_forwarded``): ``X-Forwarded-Host`` is the request's ``Host`` as
+``X-Forwarded-For`` is appended to, ``X-Forwarded-Proto/-Host`` are set (the client's, its other ``X-Forwarded-*``
+(``-Ssl``, ``-Scheme``, ``-Port``, ``-Prefix``, ...), ``Forwarded``, ``X-Real-IP``, ``Front-End-Https`` and
+``X-Url-Scheme``, dropped unless ``ProxyConfig.trust_forwarded``): ``X-Forwarded-Host`` is the request's ``Host`` as
 sent. A ``Host`` that is not ``host[:port]`` is a 400 ``invalid_host``; so, with ``ProxyConfig.allowed_hosts``, is a
 request whose ``Host`` names no host listed there or that has none (it would reach the upstream as
 ``X-Forwarded-Host``), and a trusted ``X-Forwarded-Host`` or ``Forwarded`` ``host=`` naming another host. ``Connection`` never removes ``Content-Type``,
@@ -121,9 +122,10 @@ class ProxyConfig:
         preserve_host: forward the client's ``Host`` (default: the upstream's host).
         body_idle_timeout: most seconds of client silence while a request body is forwarded (408 before the
             upstream answered; the upstream request is abandoned).
-        trust_forwarded: keep the client's ``X-Forwarded-Proto``, ``X-Forwarded-Host``, ``Forwarded`` and
-            ``X-Real-IP`` (guard behind a proxy of yours that sets them, e.g. one that terminates TLS). Default: they
-            are dropped and the proxy sets ``X-Forwarded-Proto`` (the scheme the client reached it by) and
+        trust_forwarded: keep the client's ``X-Forwarded-*`` (``-Proto``, ``-Host``, ``-Ssl``, ``-Port``, ...),
+            ``Forwarded``, ``X-Real-IP``, ``Front-End-Https`` and ``X-Url-Scheme`` (guard behind a proxy of yours
+            that sets them, e.g. one that terminates TLS). Default: they are dropped (``X-Forwarded-For`` is kept
+            and appended to) and the proxy sets ``X-Forwarded-Proto`` (the scheme the client reached it by) and
             ``X-Forwarded-Host`` (the request's ``Host`` as sent, which the client chooses: see ``allowed_hosts``)
             itself.
         allowed_hosts: the hosts this proxy serves, as a policy's ``hosts:`` globs (``api.example.com``,
@@ -242,7 +244,11 @@ def _forward_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, by
 #: ``GuardMiddleware`` sets it: the decision's id, a client's own dropped.
 _REPLACED = frozenset({b"host", b"expect", b"x-forwarded-for"})
 #: Headers that tell the upstream how the client reached it: set by the proxy, or by a trusted proxy in front of it.
-_FORWARDED = frozenset({b"x-forwarded-proto", b"x-forwarded-host", b"forwarded", b"x-real-ip"})
+#: Every other ``X-Forwarded-*`` but ``X-Forwarded-For`` (``-Ssl``, ``-Scheme``, ``-Port``, ``-Prefix``, ``-Server``,
+#: which Rack, Werkzeug's ProxyFix and others read) is dropped with them (:data:`_FORWARDED_PREFIX`).
+_FORWARDED = frozenset({b"x-forwarded-proto", b"x-forwarded-host", b"forwarded", b"x-real-ip", b"front-end-https",
+                        b"x-url-scheme"})
+_FORWARDED_PREFIX = b"x-forwarded-"
 #: Request headers that name another target than the request line's, which some upstreams route on (IIS URL Rewrite,
 #: older Symfony and Zend): a request guard matched as ``/other`` would be served as the ``/v1/admin`` they name.
 _REWRITES = frozenset({b"x-original-url", b"x-rewrite-url"})
@@ -273,6 +279,7 @@ class ReverseProxy:
         tls = ssl.create_default_context() if self.base.scheme == "https" else None
         port = self.base.port or (443 if tls else 80)
         self._not_copied = _NOT_COPIED if config.trust_forwarded else _NOT_COPIED | _FORWARDED
+        self._forwarded_prefix = None if config.trust_forwarded else _FORWARDED_PREFIX
         self._allowed_hosts = tuple(compile_glob(h.strip().lower(), ".") for h in config.allowed_hosts)
         self._judged_overrides = _OVERRIDES if judged_overrides else frozenset()
         origin = self.base.scheme.encode() + b"://" + self._host.lower()
@@ -377,6 +384,8 @@ class ReverseProxy:
                 elif name == b"connection":
                     named |= _connection_tokens(v)
                 continue
+            if self._forwarded_prefix and name.startswith(self._forwarded_prefix):
+                continue  # the client's X-Forwarded-Ssl/-Scheme/-Port/...: untrusted (X-Forwarded-For was read above)
             if name == b"content-length":
                 has_body = True
                 if v.strip().isdigit():  # as the server read it (h11 took "010" as 10): no reader can read it otherwise

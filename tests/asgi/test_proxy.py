@@ -630,6 +630,22 @@ def test_a_client_cannot_tell_the_upstream_which_host_or_scheme_it_reached() -> 
     assert not any(k in (b"x-forwarded-host", b"forwarded", b"x-real-ip") for k, _ in bare)
 
 
+def test_a_client_cannot_claim_tls_a_port_or_a_prefix_through_other_forwarded_headers() -> None:
+    """Rack reads ``X-Forwarded-Ssl: on``, ``X-Forwarded-Scheme``, ``Front-End-Https`` and ``X-Url-Scheme`` as
+    HTTPS, Werkzeug's ProxyFix ``X-Forwarded-Port`` and ``-Prefix``: the client's are dropped like its
+    ``X-Forwarded-Proto`` (its ``X-Forwarded-For`` is appended to); ``trust_forwarded`` keeps them."""
+    claimed = [(b"x-forwarded-ssl", b"on"), (b"X-Forwarded-Scheme", b"https"), (b"x-forwarded-port", b"443"),
+               (b"x-forwarded-prefix", b"/admin"), (b"x-forwarded-server", b"evil.example"),
+               (b"front-end-https", b"on"), (b"x-url-scheme", b"https")]
+    scope = {"type": "http", "scheme": "http", "client": ("10.0.0.9", 5000),
+             "headers": [(b"host", b"good.example"), *claimed, (b"x-forwarded-for", b"10.0.0.1")]}
+    headers, _ = ReverseProxy(ProxyConfig("http://127.0.0.1:9"))._headers(scope)
+    assert headers == [(b"host", b"127.0.0.1:9"), (b"x-forwarded-for", b"10.0.0.1, 10.0.0.9"),
+                       (b"x-forwarded-proto", b"http"), (b"x-forwarded-host", b"good.example")]
+    trusted, _ = ReverseProxy(ProxyConfig("http://127.0.0.1:9", trust_forwarded=True))._headers(scope)
+    assert [(k.lower(), v) for k, v in claimed] == trusted[:len(claimed)]
+
+
 def test_headers_that_rewrite_the_target_are_not_sent_upstream() -> None:
     """IIS URL Rewrite and older Symfony and Zend route on ``X-Original-URL`` / ``X-Rewrite-URL``: a POST to /other,
     which no policy judged, reached such an upstream naming /v1/admin (attack finding). They are dropped, even for a
