@@ -10,7 +10,7 @@ and the headers it names, ``Keep-Alive``, ``Transfer-Encoding``, ``TE``, ``Trail
 sent. A ``Host`` that is not ``host[:port]`` is a 400 ``invalid_host``; so, with ``ProxyConfig.allowed_hosts``, is a
 request whose ``Host`` names no host listed there or that has none (it would reach the upstream as
 ``X-Forwarded-Host``), and a trusted ``X-Forwarded-Host`` or ``Forwarded`` ``host=`` naming another host. ``Connection`` never removes ``Content-Type``,
-``Content-Encoding`` or a method override header; under ``method_override="judge"`` an override header spelled with
+``Content-Encoding``, a method override header, ``X-Guard-Decision-Id`` or the guard's ``tenant_header``; under ``method_override="judge"`` an override header spelled with
 ``_`` (names the proxy drops) is a 400 ``method_override``, so the upstream never runs a method guard did not judge.
 A ``Location`` or ``Content-Location`` under the upstream URL is made a path on the proxy (nginx's default
 ``proxy_redirect``). Bodies pass as raw bytes, so ``Content-Encoding`` and ``Content-Length`` stay valid. HTTP/1.1
@@ -205,9 +205,10 @@ class _ClientStalled(Exception):
 #: Method override headers as the proxy reads them (lower-case bytes).
 _OVERRIDES = frozenset(name.encode() for name in METHOD_OVERRIDE_HEADERS)
 #: Headers a request's ``Connection`` cannot name for removal: what the body is, as guard read it to judge it (the
-#: upstream got it without a ``Content-Type`` and parsed it as whatever it defaults to), and the method override
-#: headers guard may have judged the request's method by (``method_override="judge"``).
-_NOT_REMOVABLE = frozenset({b"content-type", b"content-encoding", *_OVERRIDES})
+#: upstream got it without a ``Content-Type`` and parsed it as whatever it defaults to), the method override
+#: headers guard may have judged the request's method by (``method_override="judge"``), and the decision's id
+#: ``GuardMiddleware`` set. :class:`ReverseProxy` adds the tenant header the guard in front reads.
+_NOT_REMOVABLE = frozenset({b"content-type", b"content-encoding", *_OVERRIDES, b"x-guard-decision-id"})
 #: A ``Host`` the proxy accepts: a name or IPv4 address (RFC 3986 reg-name, without the sub-delimiters such as ``,``
 #: and the percent-escapes no DNS name holds) or an ``[IPv6]`` literal, then an optional port.
 _HOST = re.compile(rb"(?:[A-Za-z0-9\-._~]+|\[[0-9A-Fa-f:.]+(?:%25[A-Za-z0-9\-._~]+)?\])(?::(?P<port>[0-9]{0,5}))?")
@@ -222,8 +223,8 @@ def _valid_host(host: bytes) -> bool:
     return match is not None and int(match.group("port") or 0) <= 65535
 
 
-def _connection_tokens(value: bytes) -> set[bytes]:
-    return {t.strip().lower() for t in value.split(b",")} - _NOT_REMOVABLE
+def _connection_tokens(value: bytes, kept: frozenset[bytes] = _NOT_REMOVABLE) -> set[bytes]:
+    return {t.strip().lower() for t in value.split(b",")} - kept
 
 
 def _forward_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -264,12 +265,14 @@ class ReverseProxy:
         metrics: counters shared with the middleware (upstream errors are counted there).
         judged_overrides: the guard in front judges a method override header (``method_override="judge"``): one
             spelled with ``_``, which the proxy does not forward, is refused (400 ``method_override``).
+        tenant_header: the guard in front's ``tenant_header``: a request's ``Connection`` cannot name it for
+            removal, so the upstream gets the tenant the guard read.
 
     ``health`` tracks the upstream's recent outcomes (a refused or timed-out connection makes it ``failing``).
     """
 
     def __init__(self, config: ProxyConfig, *, metrics: HttpMetrics | None = None,
-                 judged_overrides: bool = False) -> None:
+                 judged_overrides: bool = False, tenant_header: str | None = None) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else HttpMetrics()
         self.health = FailureTracker()
@@ -282,6 +285,8 @@ class ReverseProxy:
         self._forwarded_prefix = None if config.trust_forwarded else _FORWARDED_PREFIX
         self._allowed_hosts = tuple(compile_glob(h.strip().lower(), ".") for h in config.allowed_hosts)
         self._judged_overrides = _OVERRIDES if judged_overrides else frozenset()
+        tenant = {tenant_header.lower().encode("latin-1")} if tenant_header else set()
+        self._not_removable = _NOT_REMOVABLE | tenant
         origin = self.base.scheme.encode() + b"://" + self._host.lower()
         self._origins = (origin,) if self.base.port else (origin, origin + b":%d" % port)  # the port left out or not
         self._pool = UpstreamPool(self.base.host, port, tls=tls, max_connections=config.max_connections,
@@ -382,7 +387,7 @@ class ReverseProxy:
                 elif name == b"transfer-encoding":
                     has_body = chunked = True
                 elif name == b"connection":
-                    named |= _connection_tokens(v)
+                    named |= _connection_tokens(v, self._not_removable)
                 continue
             if self._forwarded_prefix and name.startswith(self._forwarded_prefix):
                 continue  # the client's X-Forwarded-Ssl/-Scheme/-Port/...: untrusted (X-Forwarded-For was read above)
@@ -730,7 +735,8 @@ def proxy_app(
         **middleware_options: passed to :class:`GuardMiddleware` (``limits``, ``review_store``, ``handoff``, ...).
     """
     metrics: HttpMetrics = middleware_options.pop("metrics", None) or HttpMetrics()
-    proxy = ReverseProxy(config, metrics=metrics, judged_overrides=middleware_options.get("method_override") == "judge")
+    proxy = ReverseProxy(config, metrics=metrics, judged_overrides=middleware_options.get("method_override") == "judge",
+                         tenant_header=middleware_options.get("tenant_header"))
     guarded = GuardMiddleware(proxy, guard=guard, metrics=metrics, **middleware_options)
     relay = WebSocketRelay(guard, proxy.base, proxy.upgrade_headers, open_timeout=config.connect_timeout,
                            client_header=guarded.client_header, max_open=config.max_websockets,

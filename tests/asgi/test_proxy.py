@@ -762,6 +762,21 @@ async def test_connect_is_refused_and_never_forwarded(make_guard: GuardFactory, 
             assert body["code"] == "invalid_target" and body["field"] == "method" and "CONNECT" in body["message"]
     assert server.calls[calls:] == []
 
+async def test_connection_cannot_remove_the_decision_id_or_the_tenant_header(make_guard: GuardFactory) -> None:
+    """``Connection: x-guard-decision-id, x-tenant`` from a client removed, after ``GuardMiddleware`` set it, the
+    decision's id the upstream logs by, and the tenant header the guard read: both go on; another named header does
+    not."""
+    app = proxy_app(make_guard(), ProxyConfig("http://127.0.0.1:9"), tenant_header="X-Tenant")
+    scope = {"type": "http", "scheme": "http", "headers": [
+        (b"host", b"api.example"), (b"connection", b"X-Guard-Decision-Id, x-tenant, x-other"),
+        (b"x-tenant", b"acme"), (b"x-other", b"1"), (b"x-guard-decision-id", b"d-1")]}
+    headers, _ = app.proxy._headers(scope)
+    assert (b"x-guard-decision-id", b"d-1") in headers and (b"x-tenant", b"acme") in headers
+    assert not any(k == b"x-other" for k, _ in headers)
+    plain, _ = ReverseProxy(ProxyConfig("http://127.0.0.1:9"))._headers(scope)  # no tenant header configured
+    assert (b"x-guard-decision-id", b"d-1") in plain and (b"x-tenant", b"acme") not in plain
+
+
 def test_response_headers_drop_hop_by_hop_ones_and_keep_the_rest_in_order() -> None:
     kept = [(b"content-type", b"text/plain"), (b"Set-Cookie", b"a=1"), (b"set-cookie", b"b=2")]
     dropped = [(b"Connection", b"x-hop"), (b"X-Hop", b"1"), (b"transfer-encoding", b"chunked"), (b"Upgrade", b"h2c"),
