@@ -8,6 +8,7 @@ one that fails mid-stream ends the stream with an ``error`` event.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -72,7 +73,8 @@ async def respond_with_handoff(
         await _failed(send, exc, verdict, headers)
         return "failed"
     headers = [*headers, (b"x-guard-handoff", target.name.encode("latin-1", "replace"))]
-    messages = client.messages_for(verdict, subject, target=target)
+    # the messages redact the secret-named fields of the whole body (a regular expression per key): on a thread
+    messages = await asyncio.to_thread(client.messages_for, verdict, subject, target=target)
     if not wants_stream(subject):
         try:
             reply = await client.acomplete(target, messages)

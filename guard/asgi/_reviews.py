@@ -223,8 +223,9 @@ async def hold(
     headers = verdict_headers(verdict)
     release_token = secrets.token_urlsafe(24)
     bound = binding(reads)
-    # the item shows reviewers the state without the secrets the request names (a query's api_key, a password)
-    verdict = dataclasses.replace(verdict, state=redact_secrets(verdict.state, subject))
+    # the item shows reviewers the state without the secrets the request names (a query's api_key, a password);
+    # that walks every key and string of the body (seconds for a large one): done on a thread, off the event loop
+    verdict = dataclasses.replace(verdict, state=await asyncio.to_thread(redact_secrets, verdict.state, subject))
     request = held_request(scope, body, bound)
     if verdict.redactions:  # a resent request is masked so before its digest is compared
         request["redactions"] = [r.to_json() for r in verdict.redactions]

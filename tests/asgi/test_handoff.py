@@ -3,14 +3,17 @@ streams relayed incrementally through a real guarded server, and failures as 502
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 from urllib.parse import quote
 
 import httpx
 import pytest
 
+from guard.asgi import handoff as handoff_module
 from guard.asgi.handoff import HandoffClient, HandoffTarget
 from guard.engine import Guard
 from tests.asgi._apps import client_for, guarded_app
@@ -77,6 +80,32 @@ async def test_handoff_stream_is_relayed_incrementally_through_a_real_server(
     assert text == OpenAIStandIn.answer(server.calls[-1]) and "GATE TIMEOUT" not in text
     (user,) = server.calls[-1]["messages"][1:]  # the client's chat, quoted as data in one user message
     assert user["role"] == "user" and json.dumps({"role": "user", "content": QUESTION}) in user["content"]
+
+
+async def test_the_handoff_messages_are_built_off_the_event_loop(
+    make_guard: GuardFactory, standin: tuple[OpenAIStandIn, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The messages redact the body's secret-named fields, a regular expression per key (seconds for a body of tens
+    of thousands of keys): they are built on a worker thread, so the event loop serves other requests meanwhile."""
+    where: list[bool] = []
+
+    def redact(*args: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+            where.append(True)
+        except RuntimeError:
+            where.append(False)
+        return real(*args)
+
+    real = handoff_module.redact_secrets
+    monkeypatch.setattr(handoff_module, "redact_secrets", redact)
+    server, url = standin
+    handoff = _handoff(url)
+    async with client_for(guarded_app(make_guard(), handoff=handoff)) as client:
+        response = await client.post("/v1/messages", json={"message": QUESTION, "password": "hunter2-correct"})
+    await handoff.aclose()
+    assert response.status_code == 200 and where and not any(where)
+    assert "hunter2-correct" not in json.dumps(server.calls[-1]["messages"])
 
 
 @pytest.mark.parametrize("stream", [False, True])
