@@ -140,7 +140,7 @@ def admin_app(
             ``decision_log`` the guard's own unless given, so approvals and rejections are recorded with its decisions.
         metrics: the middleware's counters (``GuardMiddleware.metrics``); default a new, empty set.
         health: the readiness endpoint (``guard proxy`` passes one reporting its upstream and policy watcher);
-            default one for ``guard`` alone, whose details the reviewers' tokens may read.
+            default one for ``guard`` alone, whose details the tokens of reviewers not scoped to tenants may read.
         live_path, health_path, metrics_path, admin_path: where each endpoint lives.
 
     Raises:
@@ -160,5 +160,7 @@ def admin_app(
 
 
 def reviewer_tokens(reviewers: Mapping[str, str | Reviewer] | None) -> list[str]:
-    """The bearer tokens of ``reviewers`` (the credentials that may read health details)."""
-    return [r.token if isinstance(r, Reviewer) else r for r in (reviewers or {}).values()]
+    """The bearer tokens of the ``reviewers`` not scoped to tenants (the credentials that may read health details):
+    the details are the whole gateway's (cache counts, reload errors, backend errors), not one tenant's."""
+    tokens = [r if isinstance(r, Reviewer) else Reviewer(r) for r in (reviewers or {}).values()]
+    return [r.token for r in tokens if r.tenants is None]

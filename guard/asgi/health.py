@@ -2,10 +2,10 @@
 
 Anyone gets the status, ``ready`` and one code per check (:func:`guard.engine.health.public_health`): no error text
 and nothing of the policies. A caller with an admin bearer token (``Authorization: Bearer <token>``; ``guard proxy``
-takes its reviewers' tokens) gets the full report with ``details``; one sending ``Authorization`` more than once gets
-400 ``repeated_header`` and no report. The HTTP status is 200 while ``ready`` (``ok`` or ``degraded``) and 503 when
-``failing``: no policy loaded, a backend that fails every call or its canary, or an upstream that cannot be reached
-(see :mod:`guard.engine.health`).
+takes the tokens of its reviewers not scoped to tenants) gets the full report with ``details``; one sending
+``Authorization`` more than once gets 400 ``repeated_header`` and no report. The HTTP status is 200 while ``ready``
+(``ok`` or ``degraded``) and 503 when ``failing``: no policy loaded, a backend that fails every call or its canary,
+or an upstream that cannot be reached (see :mod:`guard.engine.health`).
 """
 
 from __future__ import annotations

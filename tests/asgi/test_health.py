@@ -218,6 +218,27 @@ async def test_wrong_admin_tokens_are_rate_limited_like_the_review_apis(frozen_b
     await guard.aclose()
 
 
+async def test_only_reviewers_not_scoped_to_tenants_read_the_details() -> None:
+    """The details are the whole gateway's (cache counts, reload and backend errors): a reviewer scoped to one tenant
+    read them too. Its token now gets the codes only, as a caller without one; an unscoped reviewer's the details."""
+    from guard.asgi.review_api import Reviewer
+    from guard.asgi.review_store import MemoryReviewStore
+    from tests.asgi._apps import client_for
+
+    scoped = "acme-secret-0123456789"
+    guard = Guard(load_files(POLICY), backends=ScriptedBackend())
+    app = admin_app(guard, review_store=MemoryReviewStore(),
+                    reviewers={"alice": TOKEN, "acme": Reviewer(scoped, frozenset({"acme"}))})
+    async with client_for(app) as client:
+        acme = await client.get("/_guard/health", headers={"authorization": f"Bearer {scoped}"})
+        alice = await client.get("/_guard/health", headers=AUTH)
+        listed = await client.get("/_guard/admin/reviews", headers={"authorization": f"Bearer {scoped}"})
+    assert acme.status_code in (200, 503) and set(acme.json()) == {"status", "ready", "checks"}
+    assert alice.status_code in (200, 503) and "details" in alice.json()
+    assert listed.status_code == 200  # still a reviewer of its tenant's items
+    await guard.aclose()
+
+
 async def test_authorization_sent_twice_is_refused_whichever_copy_is_the_admin_token() -> None:
     """The token was read from the first ``Authorization`` copy (review finding): a front proxy checking or
     stripping the last one let a request it took for a stranger's read the details with an admin token. Sent twice,
