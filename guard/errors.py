@@ -19,6 +19,7 @@
     │   ├── ReviewConflict          the item's status or content digest forbids the change (e.g. a second release)
     │   │   └── ApprovalAlreadyUsed an approved agent tool call was already released once (single use)
     │   ├── ReviewStoreUnavailable  the review store (Redis) cannot be reached, or is full
+    │   │   └── ReviewOutcomeUnknown a change was sent to Redis, its reply was lost and a re-read could not tell
     │   └── ReviewQuotaExceeded     one client already has as many pending items or bytes as it may (HTTP 429)
     ├── HandoffError                the LLM handoff target is unknown, unreachable or answered badly
     └── ResumeError                 an agent resume does not answer exactly the pending review items
@@ -51,6 +52,7 @@ __all__ = [
     "ReviewConflict",
     "ReviewError",
     "ReviewNotFound",
+    "ReviewOutcomeUnknown",
     "ReviewQuotaExceeded",
     "ReviewStoreUnavailable",
     "StateAmbiguous",
@@ -364,7 +366,13 @@ class ApprovalAlreadyUsed(ReviewConflict):
 
 class ReviewStoreUnavailable(ReviewError):
     """The review store could not be reached (Redis down or slow), or is full (its items or bytes at its cap);
-    nothing was stored or changed."""
+    nothing was stored or changed (except for :class:`ReviewOutcomeUnknown`, which says it cannot tell)."""
+
+
+class ReviewOutcomeUnknown(ReviewStoreUnavailable):
+    """A change of a review item (approve, reject, release) was sent to Redis, its reply was lost (a timeout, a
+    connection cut) and reading the item again could not tell whether it was made: it may have been, or be made
+    still. Read the item's status before deciding again; a release that was made is not replayed (at most once)."""
 
 
 class ReviewQuotaExceeded(ReviewError):

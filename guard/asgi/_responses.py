@@ -54,6 +54,7 @@ PENDING_REVIEW = "pending_review"
 REVIEW_NOT_FOUND = "review_not_found"
 REVIEW_CONFLICT = "review_conflict"
 REVIEW_UNAVAILABLE = "review_unavailable"
+REVIEW_OUTCOME_UNKNOWN = "review_outcome_unknown"
 HANDOFF_FAILED = "handoff_failed"
 
 HeaderList = list[tuple[bytes, bytes]]

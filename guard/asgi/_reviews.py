@@ -23,7 +23,9 @@
   (the store's caps): past them, 429 ``review_quota_exceeded`` for that client only, with ``Retry-After``. Past the
   store's own caps (``max_bytes``; in memory ``max_items`` too), 503 ``review_unavailable``: fail closed.
 * A release is logged at INFO (logger ``guard.review``) and written to the guard's decision log as a ``review``
-  record (event ``released``, the reviewer who approved it), before the request is replayed.
+  record (event ``released``, the reviewer who approved it), before the request is replayed. A release whose reply
+  from Redis was lost is replayed and recorded when the store reads it back as made; when it cannot tell, the answer
+  is 503 ``review_outcome_unknown`` and nothing is replayed (at most once).
 
 Reviewers approve and reject through :mod:`guard.asgi.review_api`, which is mounted separately (and protected).
 """
@@ -49,6 +51,7 @@ from guard.asgi._responses import (
     PENDING_REVIEW,
     REVIEW_CONFLICT,
     REVIEW_NOT_FOUND,
+    REVIEW_OUTCOME_UNKNOWN,
     REVIEW_UNAVAILABLE,
     HeaderList,
     send_json,
@@ -71,6 +74,7 @@ from guard.errors import (
     ReviewConflict,
     ReviewError,
     ReviewNotFound,
+    ReviewOutcomeUnknown,
     ReviewQuotaExceeded,
     ReviewStoreUnavailable,
 )
@@ -193,6 +197,11 @@ async def _no_token(send: Send) -> None:
 
 #: What a client is told when the review store cannot answer.
 STORE_DOWN_MESSAGE = "The review store is unavailable; try again later."
+#: What a client is told when the store did not answer a release sent to it and could not tell after whether it was
+#: made (a release made so is not replayed: at most once).
+OUTCOME_UNKNOWN_MESSAGE = ("The review store did not answer the release, and whether it was made is unknown: read "
+                           "the item's status; if it is released, the request was not sent on and cannot be released "
+                           "again.")
 
 
 async def _review_error(send: Send, exc: ReviewError, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
@@ -202,6 +211,10 @@ async def _review_error(send: Send, exc: ReviewError, headers: Sequence[tuple[by
     elif isinstance(exc, ReviewConflict):
         await send_json(send, 409, {"code": REVIEW_CONFLICT, "message": str(exc), "review_id": exc.review_id,
                                     "status": exc.status}, headers)
+    elif isinstance(exc, ReviewOutcomeUnknown):
+        logger.error("review store did not answer a release (item %s): %s", exc.review_id, exc)
+        await send_json(send, 503, {"code": REVIEW_OUTCOME_UNKNOWN, "message": OUTCOME_UNKNOWN_MESSAGE,
+                                    "review_id": exc.review_id}, headers)
     else:  # the store's own error (an address, a driver message) goes to the log, not to the client
         logger.error("review store unavailable (item %s): %s", exc.review_id, exc)
         review_id = None if exc.review_id == NEW_ITEM else exc.review_id

@@ -55,10 +55,12 @@ item ids, the reviewer, the tenant, the time, ``accept_unseen_body`` and the SHA
 middleware records a release the same way.
 
 Errors are ``{code, message, field}``: 404 ``review_not_found``, 409 ``review_conflict`` (with the item's
-``status``), 409 ``body_not_shown``, 503 ``review_unavailable``, 400 ``invalid_parameter``, 400 ``repeated_header``,
-401 ``unauthorized``, 403 ``loopback_only``, 413 ``body_too_large``, 415 ``unsupported_media_type``, 429
-``rate_limited``. Releasing an approved item is the client's step (``guard/asgi/_reviews.py``) or the agent's
-(``guard.asgi.review_store.ReviewStore.release``).
+``status``), 409 ``body_not_shown``, 503 ``review_unavailable``, 503 ``review_outcome_unknown`` (the store did not
+answer an approval or rejection sent to it and could not tell after whether it was made: read the item's status; a
+change whose answer was lost but which a read shows made is answered and recorded as made), 400
+``invalid_parameter``, 400 ``repeated_header``, 401 ``unauthorized``, 403 ``loopback_only``, 413 ``body_too_large``,
+415 ``unsupported_media_type``, 429 ``rate_limited``. Releasing an approved item is the client's step
+(``guard/asgi/_reviews.py``) or the agent's (``guard.asgi.review_store.ReviewStore.release``).
 """
 
 from __future__ import annotations
@@ -84,10 +86,11 @@ from guard._headers import sole_header
 from guard._json import loads
 from guard.asgi._body_view import body_preview
 from guard.asgi._ratelimit import TokenBuckets, client_key
+from guard.asgi._responses import REVIEW_OUTCOME_UNKNOWN
 from guard.asgi.console import console_route
 from guard.asgi.review_store import STATUSES, ReviewItem, ReviewStore
 from guard.engine.telemetry import DecisionLog, ReviewEvent, record_review
-from guard.errors import BodyError, InvalidJson, ReviewConflict, ReviewError, ReviewNotFound
+from guard.errors import BodyError, InvalidJson, ReviewConflict, ReviewError, ReviewNotFound, ReviewOutcomeUnknown
 
 __all__ = ["ACCEPT_UNSEEN_BODY", "DEFAULT_RATE_LIMIT", "MAX_LIST_LIMIT", "MIN_TOKEN_CHARS", "Reviewer", "is_loopback",
            "parse_reviewer_tokens", "review_app", "review_routes"]
@@ -155,6 +158,9 @@ def _review_error(exc: ReviewError) -> JSONResponse:
     if isinstance(exc, ReviewConflict):
         return _error(409, "review_conflict", str(exc), "status", status=exc.status)
     logger.warning("review store unavailable: %s", exc)  # the driver's words name hosts and ports: the log only
+    if isinstance(exc, ReviewOutcomeUnknown):
+        return _error(503, REVIEW_OUTCOME_UNKNOWN, "the review store did not answer the change, and whether it was "
+                      "made is unknown: read the item's status before deciding again")
     return _error(503, "review_unavailable", "the review store could not be reached; try again")
 
 

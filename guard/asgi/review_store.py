@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import itertools
@@ -40,10 +41,19 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from redis.client import NEVER_DECODE
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from guard._seal import Sealer
 from guard.engine.health import FailureTracker
-from guard.errors import ReviewConflict, ReviewError, ReviewNotFound, ReviewQuotaExceeded, ReviewStoreUnavailable
+from guard.errors import (
+    ReviewConflict,
+    ReviewError,
+    ReviewNotFound,
+    ReviewOutcomeUnknown,
+    ReviewQuotaExceeded,
+    ReviewStoreUnavailable,
+)
 from guard.subject import digest_of
 from guard.verdict import Verdict
 
@@ -95,6 +105,8 @@ for that client only. A held request of the largest body (``BodyLimits.max_body_
 1.33 times the body in memory and 1.8 times in Redis (encrypted): about 12 or 9 of them."""
 DEFAULT_LIST_LIMIT = 100
 _REVIEW_ID = re.compile(r"rv_[0-9a-f]{24}")
+LOST_REPLY_WAITS = (0.05, 0.25, 0.5)
+"""Seconds waited before each read of an item whose transition's reply was lost (:meth:`RedisReviewStore._move`)."""
 _AS_BYTES: dict[str, Any] = {NEVER_DECODE: []}
 """redis-py's per-command option for a reply as bytes whatever the client's ``decode_responses``, so a value that is
 not UTF-8 reaches :meth:`RedisReviewStore._checked` rather than failing inside the client."""
@@ -570,6 +582,13 @@ class RedisReviewStore:
     script checks every key it writes before its first write (Redis does not undo a script's writes when a later
     command fails): a change that meets such a key is refused as ``tampered`` with nothing written.
 
+    A transition whose reply is lost (a read timeout or a connection cut after the script was sent: Redis may have
+    run it) is not taken as failed: each writes a nonce of its own (the item's ``change`` field) beside the new seal,
+    and the item is read again (:data:`LOST_REPLY_WAITS`). With the new status, that seal and that nonce, the change
+    was made and is returned as made; changed otherwise, it was not (a conflict: the script needs the seal it read);
+    still as it was read, or not readable, the change may yet be made, and :class:`~guard.errors.ReviewOutcomeUnknown`
+    says so. A change is made at most once either way.
+
     Attributes:
         tampered: items refused so far because their seal did not check or they were put back to an earlier state.
 
@@ -584,11 +603,11 @@ class RedisReviewStore:
     # ARGV[6] = its expiry (the index score), ARGV[7] = the bytes of its request freed (deleted; "0" when kept: else
     # the store's budget frees them and the item leaves its client's budget whole, as a decided item is kept for
     # reviewers until it expires and its client could not free it),
-    # ARGV[8..] = field/value pairs to set (the new seal among them). Returns {code, current status}: 0 missing,
-    # 1 wrong status, 2 digest mismatch, 3 changed, 4 the item changed since it was read; 5 (then the keys) keys
-    # beside the item hold another type than the store writes there (sizes hashes at KEYS[4] and KEYS[6], sorted
-    # sets elsewhere): checked before any write, as Redis does not undo a script's writes when a later command
-    # fails, so nothing is written then. HSET keeps the key's TTL.
+    # ARGV[8..] = field/value pairs to set (the new seal and the change's nonce among them). Returns {code, current
+    # status}: 0 missing, 1 wrong status, 2 digest mismatch, 3 changed, 4 the item changed since it was read; 5 (then
+    # the keys) keys beside the item hold another type than the store writes there (sizes hashes at KEYS[4] and
+    # KEYS[6], sorted sets elsewhere): checked before any write, as Redis does not undo a script's writes when a later
+    # command fails, so nothing is written then. HSET keeps the key's TTL.
     TRANSITION_SCRIPT = """
 local cur = redis.call('HGET', KEYS[1], 'status')
 if not cur then return {0, ''} end
@@ -1146,7 +1165,8 @@ return {0}
         fields = {**dict(zip(self._FIELDS, texts)), "status": to, **changes}
         key = self._key(review_id)
         seal = self._sealer.seal(key, _sealed([fields[f] for f in self._FIELDS]))
-        pairs = [x for name, value in {**changes, "seal": seal}.items() for x in (name, value)]
+        nonce = secrets.token_hex(16)  # this change's own, to tell it from another after a lost reply
+        pairs = [x for name, value in {**changes, "seal": seal, "change": nonce}.items() for x in (name, value)]
         held = self._decode(texts, with_request=False)
         indexes = [x for old, new in zip(self._indexes(need, held.tenant), self._indexes(to, held.tenant), strict=True)
                    for x in (old, new)]
@@ -1159,9 +1179,14 @@ return {0}
         freed = len(texts[5] or "") if changes.get("request") == "" else 0
         keys = [key, pending, *budgets, *indexes]
         args = [need, to, digest, texts[-1] or "", review_id, repr(held.expires_at), str(freed), *pairs]
-        # replied as bytes: a status edited in Redis since it was read may not be UTF-8
-        code, current, *wrong = await self._call(review_id, self._client.execute_command(
-            "EVAL", self.TRANSITION_SCRIPT, len(keys), *keys, *args, **_AS_BYTES))
+        try:  # replied as bytes: a status edited in Redis since it was read may not be UTF-8
+            code, current, *wrong = await self._call(review_id, self._client.execute_command(
+                "EVAL", self.TRANSITION_SCRIPT, len(keys), *keys, *args, **_AS_BYTES))
+        except ReviewStoreUnavailable as exc:
+            if not isinstance(exc.__cause__, (RedisConnectionError, RedisTimeoutError, OSError)):
+                raise  # Redis answered (an error reply): the script did not run
+            await self._made(review_id, need, to, texts[-1] or "", seal, nonce)
+            code, current, wrong = 3, to, []
         current = self._text(current, "replace") or ""  # a status named in a conflict only
         if int(code) == 0:
             raise ReviewNotFound(review_id)
@@ -1182,6 +1207,41 @@ return {0}
         if to in ("rejected", "released"):
             self._settle(review_id, item.expires_at)
         return item
+
+    async def _made(self, review_id: str, need: ReviewStatus, to: ReviewStatus, read_seal: str, seal: str,
+                    nonce: str) -> None:
+        """After the reply to the transition to ``to`` was lost: read the item's status, seal and nonce again (after
+        each wait of :data:`LOST_REPLY_WAITS`) and return once they are ``to``, ``seal`` and ``nonce``: the change was
+        made.
+
+        Raises:
+            ReviewNotFound: the item is gone.
+            ReviewConflict: the item changed otherwise (another change was made; this one no longer can be: the script
+                needs ``read_seal``), or holds a status no store writes (``tampered``).
+            ReviewOutcomeUnknown: the item is still as it was read (the change may be on its way still), or Redis did
+                not answer: whether the change was made is unknown.
+        """
+        for wait in LOST_REPLY_WAITS:
+            await asyncio.sleep(wait)
+            try:
+                raw = await self._call(review_id, self._client.execute_command(
+                    "HMGET", self._key(review_id), "status", "seal", "change", **_AS_BYTES), one_item=True)
+            except ReviewStoreUnavailable:
+                continue
+            status, found_seal, found_nonce = (self._text(value, "replace") for value in raw)
+            if status == to and found_seal == seal and found_nonce == nonce:
+                logger.warning("review item %s: the reply to its change to %s was lost; read again, the change was "
+                               "made", review_id, to)
+                return
+            if status is None:
+                raise ReviewNotFound(review_id)
+            if found_seal != read_seal:
+                raise _conflict(review_id, status, need) if status in STATUSES else self._tampered(review_id)
+        logger.warning("review item %s: the reply to its change to %s was lost and reading it again did not tell "
+                       "whether the change was made", review_id, to)
+        raise ReviewOutcomeUnknown(review_id, f"the change to {to} was sent to Redis but its reply was lost, and "
+                                   "reading the item again did not tell whether it was made: read its status before "
+                                   "trying again")
 
     async def _decide(self, review_id: str, to: ReviewStatus, by: str | None, note: str | None) -> ReviewItem:
         decided = json.dumps({"by": by, "at": time.time(), "note": note})

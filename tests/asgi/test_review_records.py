@@ -130,3 +130,64 @@ async def test_without_a_decision_log_a_decision_is_still_logged(make_guard: Gua
         with caplog.at_level(logging.INFO, logger="guard.review"):
             await client.post(f"/admin/reviews/{held['review_id']}/reject", headers=ADMIN, json={"note": NOTE})
     assert f"review item {held['review_id']} rejected (reviewer alice" in caplog.text and "hunter2" not in caplog.text
+
+
+async def test_an_approval_and_a_release_whose_redis_reply_is_lost_are_answered_and_recorded(
+        make_guard: GuardFactory, create_redis: Any) -> None:
+    """Redis ran the approval (then the release) but its reply was lost: the reviewer got 503 "try again" though the
+    item was approved, no ``approved`` record was written and a retry was a 409; the release answered 503, deleted
+    the held request and was never replayed nor recorded. Read again and found made, each is answered and recorded
+    as made, and the release replays the request once."""
+    from tests.asgi.test_review_store import _lose_the_next_transition_reply
+
+    guard, lines = _logged_guard(make_guard)
+    client = create_redis()
+    store = RedisReviewStore(client, prefix=create_redis.prefix)
+    async with client_for(_app(guard, store)) as http:
+        held = (await http.post("/v1/echo", content=UNSURE, headers=JSON)).json()
+        rid = held["review_id"]
+        _lose_the_next_transition_reply(client)
+        approved = await http.post(f"/admin/reviews/{rid}/approve", headers=ADMIN)
+        assert approved.status_code == 200 and approved.json()["decided_by"] == "alice", approved.text
+        again = await http.post(f"/admin/reviews/{rid}/approve", headers=ADMIN)
+        assert again.status_code == 409, again.text
+        release = {"authorization": "Bearer client-token", "x-tenant": "acme",
+                   "x-guard-release-token": held["release_token"]}
+        _lose_the_next_transition_reply(client)
+        released = await http.post(held["release_url"], headers=release)
+        assert released.status_code == 200 and released.headers["x-guard-review"] == "released", released.text
+        echoed = released.json()  # what the echo app got: the held request
+        assert (echoed["path"], echoed["sha256"]) == ("/v1/echo", hashlib.sha256(UNSURE).hexdigest())
+        twice = await http.post(held["release_url"], headers=release)
+        assert twice.status_code == 409, twice.text
+    assert [(r["event"], r["reviewer"], r["review_id"]) for r in _reviews(lines)] == [
+        ("approved", "alice", rid), ("released", "alice", rid)]
+    await store.aclose()
+
+
+async def test_a_change_whose_redis_reply_is_lost_and_not_seen_made_says_its_outcome_is_unknown(
+        make_guard: GuardFactory, create_redis: Any) -> None:
+    """Not found made when read again, the answer is 503 ``review_outcome_unknown`` (read the status before deciding
+    again), not "try again", and nothing is recorded; the item is as it was."""
+    from tests.asgi.test_review_store import _lose_the_next_transition_reply
+
+    guard, lines = _logged_guard(make_guard)
+    client = create_redis()
+    store = RedisReviewStore(client, prefix=create_redis.prefix)
+    async with client_for(_app(guard, store)) as http:
+        held = (await http.post("/v1/echo", content=UNSURE, headers=JSON)).json()
+        rid = held["review_id"]
+        _lose_the_next_transition_reply(client, runs=False)
+        approved = await http.post(f"/admin/reviews/{rid}/approve", headers=ADMIN)
+        assert approved.status_code == 503 and approved.json()["code"] == "review_outcome_unknown", approved.text
+        assert "try again" not in approved.json()["message"] and "status" in approved.json()["message"]
+        assert (await http.get(f"/admin/reviews/{rid}", headers=ADMIN)).json()["status"] == "pending"
+        assert (await http.post(f"/admin/reviews/{rid}/approve", headers=ADMIN)).status_code == 200
+        release = {"authorization": "Bearer client-token", "x-tenant": "acme",
+                   "x-guard-release-token": held["release_token"]}
+        _lose_the_next_transition_reply(client, runs=False)
+        released = await http.post(held["release_url"], headers=release)
+        assert released.status_code == 503 and released.json()["code"] == "review_outcome_unknown", released.text
+        assert "retry-after" not in released.headers
+    assert [r["event"] for r in _reviews(lines)] == ["approved"]
+    await store.aclose()

@@ -414,3 +414,77 @@ async def test_redis_listing_pages_by_score_so_a_removal_elsewhere_skips_no_live
     assert [i.id for i in listed] == [i.id for i in items[1:21]]
     await store.aclose()
     await other.aclose()
+
+
+def _lose_the_next_transition_reply(client: Any, *, runs: bool = True, meanwhile: Any = None) -> list[str]:
+    """The next transition script sent on ``client`` runs in Redis (unless not ``runs``; ``meanwhile()`` is awaited
+    in its place then) but its reply is lost: the call raises redis-py's TimeoutError, as a read past the socket
+    timeout does. Later commands pass. Returns the list the lost call is noted in."""
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    send, lost = client.execute_command, []
+
+    async def execute(*args: Any, **kwargs: Any) -> Any:
+        if args[:2] == ("EVAL", RedisReviewStore.TRANSITION_SCRIPT) and not lost:
+            lost.append(args[4 + int(args[2])])  # the new status (ARGV[2])
+            if runs:
+                await send(*args, **kwargs)
+            elif meanwhile is not None:
+                await meanwhile()
+            raise RedisTimeoutError("Timeout reading from 127.0.0.1:6379")
+        return await send(*args, **kwargs)
+
+    client.execute_command = execute
+    return lost
+
+
+async def test_a_redis_change_whose_reply_is_lost_is_returned_as_made_once_read_again(create_redis: Any) -> None:
+    """Redis ran the transition but its reply was lost: the change was taken as not made (503 "try again"), though
+    the item was approved (or released, its request deleted), and a retry was a 409. The item is read again, and a
+    change found made with this call's own seal and nonce is returned as made; a second one is still refused."""
+    client = create_redis()
+    store = RedisReviewStore(client, prefix=create_redis.prefix)
+    item = await store.create(_verdict(), subject={}, digest="d", request={"body_b64": "e30="})
+    lost = _lose_the_next_transition_reply(client)
+    approved = await store.approve(item.id, by="alice", note="ok")
+    assert lost == ["approved"]
+    assert (approved.status, approved.decided_by, approved.note) == ("approved", "alice", "ok")
+    assert (await store.get(item.id)).status == "approved"
+    with pytest.raises(ReviewConflict):
+        await store.approve(item.id, by="alice")
+    lost = _lose_the_next_transition_reply(client)
+    released = await store.release(item.id, "d")
+    assert lost == ["released"]
+    assert released.status == "released" and released.decided_by == "alice" and released.request is None
+    with pytest.raises(ReviewConflict) as again:
+        await store.release(item.id, "d")
+    assert again.value.status == "released"
+    await store.aclose()
+
+
+async def test_a_redis_change_whose_reply_is_lost_and_not_seen_made_is_of_unknown_outcome(create_redis: Any) -> None:
+    """Not found made when read again, the item still as it was read: the change may still be on its way, so the
+    answer says its outcome is unknown (a ReviewStoreUnavailable: callers fail closed), not that nothing changed.
+    Changed by another change meanwhile, this one can no longer be made: a conflict naming the status."""
+    from guard.errors import ReviewOutcomeUnknown
+
+    client = create_redis()
+    store = RedisReviewStore(client, prefix=create_redis.prefix)
+    other = RedisReviewStore(create_redis(), prefix=create_redis.prefix)
+    item = await store.create(_verdict(), subject={}, digest="d")
+    _lose_the_next_transition_reply(client, runs=False)
+    with pytest.raises(ReviewOutcomeUnknown, match="unknown|lost") as caught:
+        await store.approve(item.id, by="alice")
+    assert isinstance(caught.value, ReviewStoreUnavailable)
+    assert (await store.get(item.id)).status == "pending"
+
+    async def rejected_elsewhere() -> None:
+        await other.reject(item.id, by="bob")
+
+    _lose_the_next_transition_reply(client, runs=False, meanwhile=rejected_elsewhere)
+    with pytest.raises(ReviewConflict) as conflict:
+        await store.approve(item.id, by="alice")
+    assert conflict.value.status == "rejected"
+    assert (await store.get(item.id)).decided_by == "bob"
+    await store.aclose()
+    await other.aclose()
