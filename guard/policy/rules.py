@@ -79,6 +79,7 @@ __all__ = [
     "rule_patterns",
     "run_rule",
     "subject_fields",
+    "subject_reads",
     "trace_rules",
 ]
 
@@ -208,7 +209,8 @@ class Outcome:
 @dataclass(frozen=True)
 class CompiledRule:
     """A rule with its CEL program compiled, the names it reads, and the patterns its ``matches()`` calls are given,
-    compiled (:func:`rule_patterns`)."""
+    compiled (:func:`rule_patterns`). ``subject_reads`` is set from ``source`` (:func:`subject_reads`): the subject
+    fields it reads, ``None`` where it reads the subject some other way."""
 
     id: str
     source: str
@@ -216,6 +218,10 @@ class CompiledRule:
     outcome: Outcome
     names: frozenset[str]
     patterns: Mapping[str, Pattern] = field(default_factory=dict)
+    subject_reads: frozenset[str] | None = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "subject_reads", subject_reads(self.source))
 
 
 @dataclass(frozen=True)
@@ -596,6 +602,27 @@ def _argument_count(source: str, start: int) -> int:
     return count
 
 
+_SUBJECT_NAME = re.compile(r"\bsubject\b")
+#: A field selected by name (``.path``), not a method called (``.path(``).
+_SELECTED_FIELD = re.compile(r"\s*\.\s*([A-Za-z_]\w*)(?!\w|\s*\()")
+
+
+def subject_reads(source: str) -> frozenset[str] | None:
+    """The fields of ``subject`` a ``when`` reads when it reads the subject only as ``subject.<name>`` (``has()`` of
+    one too): ``subject.path == "/" && has(subject.body)`` gives ``{"path", "body"}``, a ``when`` that does not read
+    the subject an empty set. ``None`` where it reads the subject any other way (``subject["path"]``,
+    ``"path" in subject``, ``size(subject)``, a method called on it), or where a name ``subject`` follows a ``.``:
+    then the whole subject is read. Text inside string literals and comments is not read."""
+    code = _masked(source)
+    fields = set()
+    for found in _SUBJECT_NAME.finditer(code):
+        selected = _SELECTED_FIELD.match(code, found.end())
+        if selected is None or code[: found.start()].rstrip().endswith("."):
+            return None
+        fields.add(selected.group(1))
+    return frozenset(fields)
+
+
 _READ_ROOT = re.compile(r"(?<![\w.])(state|data|flags|subject|call|result)(?![\w])")
 _READ_STEP = re.compile(r"\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*(\"[^\"\\]*\"|'[^'\\]*')\s*\])")
 
@@ -857,9 +884,10 @@ def subject_fields(subject_type: Any) -> list[str]:
             if f.name not in ("history", "deltas", "form_string", "sent_path")]
 
 
-def subject_variables(subject: Any) -> dict[str, Any]:
-    """The subject's fields (:func:`subject_fields`) as a plain mapping for CEL (``None`` fields kept as ``null``)."""
-    return {name: getattr(subject, name) for name in subject_fields(subject)}
+def subject_variables(subject: Any, only: frozenset[str] | None = None) -> dict[str, Any]:
+    """The subject's fields (:func:`subject_fields`; of those, the ones in ``only`` where given) as a plain mapping
+    for CEL (``None`` fields kept as ``null``)."""
+    return {name: getattr(subject, name) for name in subject_fields(subject) if only is None or name in only}
 
 
 def rule_inputs(rules: tuple[CompiledRule, ...]) -> frozenset[str]:
@@ -954,10 +982,16 @@ def rule_context(
     if "state" in needed:
         variables["state"] = state
     if "subject" in needed:
+        # only the fields the rules select by name (a large body no rule reads is not converted), unless one reads
+        # the subject some other way
+        reads = None if any(rule.subject_reads is None for rule in rules) else \
+            frozenset().union(*(rule.subject_reads for rule in rules))
         if subject is None:
             variables["subject"] = {}
-        else:  # a mapping: the sample subjects of a load-time check (guard/policy/rule_check.py)
-            variables["subject"] = subject if isinstance(subject, Mapping) else subject_variables(subject)
+        elif isinstance(subject, Mapping):  # the sample subjects of a load-time check (guard/policy/rule_check.py)
+            variables["subject"] = subject if reads is None else {k: v for k, v in subject.items() if k in reads}
+        else:
+            variables["subject"] = subject_variables(subject, reads)
     for name in FEATURE_NAMES & needed:
         variables[name] = dict((features or {}).get(name) or {})
     functions = FUNCTIONS | {_MATCHES: matcher({p: c for rule in rules for p, c in rule.patterns.items()}), _SIZE: len}

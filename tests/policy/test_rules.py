@@ -9,9 +9,10 @@ import pytest
 
 from guard.backends.fixture import answer_from_spec
 from guard.policy import Outcome, RuleError, apply_rules, load_text
+from guard.policy import rules as rules_module
 from guard.policy.loader import PolicyLoadError
-from guard.policy.rules import MAX_WHEN_DEPTH, _cel, compile_condition, trace_rules
-from guard.subject import HttpSubject
+from guard.policy.rules import MAX_WHEN_DEPTH, _cel, compile_condition, subject_reads, trace_rules
+from guard.subject import AgentSubject, HttpSubject
 
 TEXT = """
 data: {limit: 0.7, vip: [gold, platinum]}
@@ -545,3 +546,81 @@ policies:
         assert rule_of(policy, body={"qty": ["ééé", "ab"]}).rule == "r", when
     with pytest.raises(ValueError, match=f"nests 506 deep as run .* at most {MAX_WHEN_DEPTH} deep"):
         compile_condition("size(state.qty)" + " + 1" * 494, {})  # 497 deep as written
+
+
+BOTH = """
+policies:
+  - id: p
+    version: 1
+    match: {http: {}, agent: {}}
+    rules:
+      - {id: r, when: 'WHEN', action: block}
+"""
+
+
+@pytest.mark.parametrize(
+    ("when", "reads"),
+    [
+        ('subject.path == "/x" && has(subject.body)', {"path", "body"}),
+        ("subject . path.matches('^/a') // subject[0]", {"path"}),  # a method on a field; a comment is not read
+        ('state.x == "subject" && spam.noul > 0.5', set()),
+        ('subject["body"] == 1', None),
+        ('"body" in subject', None),
+        ("size(subject) > 1", None),
+        ("state.subject.x == 1 && subject.path == '/'", None),  # a field named subject: the whole subject, to be safe
+        ("subject.body(1)", None),
+    ],
+)
+def test_subject_reads(when: str, reads: set[str] | None) -> None:
+    assert subject_reads(when) == (None if reads is None else frozenset(reads))
+
+
+def test_rules_get_only_the_subject_fields_they_read(monkeypatch: Any) -> None:
+    """A large body no rule reads is not converted into CEL values: the conversion holds the GIL, so a 150,000-key
+    body stalled the event loop for seconds although rules run on a worker thread."""
+    given: list[Any] = []
+    context = rules_module.cel.Context
+
+    def recording(variables: Any, functions: Any) -> Any:
+        given.append(variables.get("subject"))
+        return context(variables=variables, functions=functions)
+
+    monkeypatch.setattr(rules_module.cel, "Context", recording)
+    subject = HttpSubject(method="POST", path="/x", body={f"k{i}": "v" for i in range(1000)}, body_text="v")
+    (path_only,) = load_text(one_rule('subject.path == "/x" && subject.method == "POST"'))
+    assert rule_of(path_only, body=subject.body, body_text="v").rule == "default"  # rule_of's path is "/"
+    assert given[-1] == {"method": "POST", "path": "/"}
+    (body,) = load_text(one_rule('has(subject.body) && subject.body.k7 == "v"'))
+    assert rule_of(body, body=subject.body, body_text="v").rule == "r"
+    assert given[-1] == {"body": subject.body}
+    (whole,) = load_text(one_rule('subject.path == "/" && size(subject) > 3'))  # the subject read whole
+    assert rule_of(whole, body=subject.body, body_text="v").rule == "r"
+    assert given[-1]["body"] is subject.body and given[-1]["body_text"] == "v"
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        "has(subject.body)",
+        "has(subject.path) && subject.path == '/x'",
+        "subject.path == '/x'",  # a KeyError for an agent subject
+        "has(subject.body) && subject.body.k == 'v'",  # null's field, a missing key or a list's: an error
+        "has(subject.body.k)",
+        "has(subject.tool_name) || subject.body.size() > 0",
+        "subject.body == null || has(subject.arguments)",
+    ],
+)
+def test_a_subject_read_by_field_decides_as_the_whole_subject_does(when: str) -> None:
+    """Rules given only the fields they read decide, and fail, exactly as with the whole subject: ``has()`` of a
+    field some subject lacks (an agent subject has no path) and a missing field included."""
+    (policy,) = load_text(BOTH.replace("WHEN", when.replace("'", "''")))
+    (whole,) = load_text(BOTH.replace("WHEN", when.replace("'", "''")).replace(
+        "action: block}", "action: block}\n      - {id: w, when: 'size(subject) < 0', action: block}"))
+    assert policy.rules[0].subject_reads is not None and whole.rules[1].subject_reads is None
+    subjects = [HttpSubject(method="POST", path=path, body=body) for path in ("/x", "/y")
+                for body in ({"k": "v"}, {"k": "w"}, {"j": 1}, None, ["k"], "k")]
+    subjects += [AgentSubject(event="tool_call", tool_name="t", arguments={"k": "v"}), AgentSubject(event="user_message")]
+    for subject in subjects:
+        alone = trace_rules(policy.id, policy.rules, {}, subject=subject, state={})
+        beside = trace_rules(whole.id, whole.rules, {}, subject=subject, state={})
+        assert alone == beside[:1], (subject, alone, beside)
