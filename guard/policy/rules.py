@@ -78,8 +78,8 @@ __all__ = [
     "rule_inputs",
     "rule_patterns",
     "run_rule",
+    "selected_fields",
     "subject_fields",
-    "subject_reads",
     "trace_rules",
 ]
 
@@ -209,8 +209,8 @@ class Outcome:
 @dataclass(frozen=True)
 class CompiledRule:
     """A rule with its CEL program compiled, the names it reads, and the patterns its ``matches()`` calls are given,
-    compiled (:func:`rule_patterns`). ``subject_reads`` is set from ``source`` (:func:`subject_reads`): the subject
-    fields it reads, ``None`` where it reads the subject some other way."""
+    compiled (:func:`rule_patterns`). ``selected`` is set from ``source``: for ``subject`` and ``state``, the fields
+    it reads (:func:`selected_fields`), ``None`` where it reads that name some other way."""
 
     id: str
     source: str
@@ -218,10 +218,10 @@ class CompiledRule:
     outcome: Outcome
     names: frozenset[str]
     patterns: Mapping[str, Pattern] = field(default_factory=dict)
-    subject_reads: frozenset[str] | None = field(init=False, compare=False, repr=False)
+    selected: Mapping[str, frozenset[str] | None] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "subject_reads", subject_reads(self.source))
+        object.__setattr__(self, "selected", {name: selected_fields(self.source, name) for name in _SELECTED_NAMES})
 
 
 @dataclass(frozen=True)
@@ -602,20 +602,22 @@ def _argument_count(source: str, start: int) -> int:
     return count
 
 
-_SUBJECT_NAME = re.compile(r"\bsubject\b")
+#: The names whose top-level fields rules are given only where they read them (:func:`rule_context`): the request
+#: supplies them, a large body too.
+_SELECTED_NAMES = ("subject", "state")
 #: A field selected by name (``.path``), not a method called (``.path(``).
 _SELECTED_FIELD = re.compile(r"\s*\.\s*([A-Za-z_]\w*)(?!\w|\s*\()")
 
 
-def subject_reads(source: str) -> frozenset[str] | None:
-    """The fields of ``subject`` a ``when`` reads when it reads the subject only as ``subject.<name>`` (``has()`` of
-    one too): ``subject.path == "/" && has(subject.body)`` gives ``{"path", "body"}``, a ``when`` that does not read
-    the subject an empty set. ``None`` where it reads the subject any other way (``subject["path"]``,
-    ``"path" in subject``, ``size(subject)``, a method called on it), or where a name ``subject`` follows a ``.``:
-    then the whole subject is read. Text inside string literals and comments is not read."""
+def selected_fields(source: str, name: str) -> frozenset[str] | None:
+    """The fields of ``name`` (``subject``, ``state``) a ``when`` reads when it reads ``name`` only as
+    ``name.<field>`` (``has()`` of one too): ``subject.path == "/" && has(subject.body)`` gives
+    ``{"path", "body"}``, a ``when`` that does not read ``name`` an empty set. ``None`` where it reads ``name`` any
+    other way (``subject["path"]``, ``"path" in subject``, ``size(subject)``, a method called on it), or where the
+    name follows a ``.``: then it reads the whole value. Text inside string literals and comments is not read."""
     code = _masked(source)
     fields = set()
-    for found in _SUBJECT_NAME.finditer(code):
+    for found in re.finditer(rf"\b{name}\b", code):
         selected = _SELECTED_FIELD.match(code, found.end())
         if selected is None or code[: found.start()].rstrip().endswith("."):
             return None
@@ -979,13 +981,14 @@ def rule_context(
         variables["flags"] = dict.fromkeys(FLAG_NAMES, 0) | dict(flags or {})
     if "data" in needed:
         variables["data"] = dict(data or {})
+    # of the state and the subject, only the fields the rules select by name (a large body no rule reads is not
+    # converted), unless some rule reads it another way
     if "state" in needed:
-        variables["state"] = state
+        reads = _selected(rules, "state")
+        variables["state"] = state if reads is None or not isinstance(state, Mapping) else \
+            {key: value for key, value in state.items() if key in reads}
     if "subject" in needed:
-        # only the fields the rules select by name (a large body no rule reads is not converted), unless one reads
-        # the subject some other way
-        reads = None if any(rule.subject_reads is None for rule in rules) else \
-            frozenset().union(*(rule.subject_reads for rule in rules))
+        reads = _selected(rules, "subject")
         if subject is None:
             variables["subject"] = {}
         elif isinstance(subject, Mapping):  # the sample subjects of a load-time check (guard/policy/rule_check.py)
@@ -1002,6 +1005,12 @@ def rule_context(
         except ValueError:  # a value CEL cannot hold (an integer past a double's range, a lone surrogate): rules
             pass  # still read the rest
     return cel.Context(variables=_representable(variables), functions=functions)
+
+
+def _selected(rules: tuple[CompiledRule, ...], name: str) -> frozenset[str] | None:
+    """The fields of ``name`` the rules read (:attr:`CompiledRule.selected`); ``None`` where one reads it whole."""
+    reads = [rule.selected[name] for rule in rules]
+    return None if None in reads else frozenset().union(*reads)
 
 
 def _holds_smallest_int(value: Any) -> bool:

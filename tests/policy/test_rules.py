@@ -11,7 +11,7 @@ from guard.backends.fixture import answer_from_spec
 from guard.policy import Outcome, RuleError, apply_rules, load_text
 from guard.policy import rules as rules_module
 from guard.policy.loader import PolicyLoadError
-from guard.policy.rules import MAX_WHEN_DEPTH, _cel, compile_condition, subject_reads, trace_rules
+from guard.policy.rules import MAX_WHEN_DEPTH, _cel, compile_condition, selected_fields, trace_rules
 from guard.subject import AgentSubject, HttpSubject
 
 TEXT = """
@@ -559,20 +559,23 @@ policies:
 
 
 @pytest.mark.parametrize(
-    ("when", "reads"),
+    ("name", "when", "reads"),
     [
-        ('subject.path == "/x" && has(subject.body)', {"path", "body"}),
-        ("subject . path.matches('^/a') // subject[0]", {"path"}),  # a method on a field; a comment is not read
-        ('state.x == "subject" && spam.noul > 0.5', set()),
-        ('subject["body"] == 1', None),
-        ('"body" in subject', None),
-        ("size(subject) > 1", None),
-        ("state.subject.x == 1 && subject.path == '/'", None),  # a field named subject: the whole subject, to be safe
-        ("subject.body(1)", None),
+        ("subject", 'subject.path == "/x" && has(subject.body)', {"path", "body"}),
+        ("subject", "subject . path.matches('^/a') // subject[0]", {"path"}),  # a method on a field; a comment
+        ("subject", 'state.x == "subject" && spam.noul > 0.5', set()),
+        ("subject", 'subject["body"] == 1', None),
+        ("subject", '"body" in subject', None),
+        ("subject", "size(subject) > 1", None),
+        ("subject", "state.subject.x == 1 && subject.path == '/'", None),  # after a dot: the whole subject, to be safe
+        ("subject", "subject.body(1)", None),
+        ("state", "state.subject.x == 1 && subject.path == '/'", {"subject"}),
+        ("state", "state.x.exists(k, k == 'a') && states.x == 1", {"x"}),
+        ("state", "state.exists(k, k == 'a')", None),
     ],
 )
-def test_subject_reads(when: str, reads: set[str] | None) -> None:
-    assert subject_reads(when) == (None if reads is None else frozenset(reads))
+def test_selected_fields(name: str, when: str, reads: set[str] | None) -> None:
+    assert selected_fields(when, name) == (None if reads is None else frozenset(reads))
 
 
 def test_rules_get_only_the_subject_fields_they_read(monkeypatch: Any) -> None:
@@ -582,7 +585,7 @@ def test_rules_get_only_the_subject_fields_they_read(monkeypatch: Any) -> None:
     context = rules_module.cel.Context
 
     def recording(variables: Any, functions: Any) -> Any:
-        given.append(variables.get("subject"))
+        given.append(variables.get("subject", variables.get("state")))
         return context(variables=variables, functions=functions)
 
     monkeypatch.setattr(rules_module.cel, "Context", recording)
@@ -596,6 +599,13 @@ def test_rules_get_only_the_subject_fields_they_read(monkeypatch: Any) -> None:
     (whole,) = load_text(one_rule('subject.path == "/" && size(subject) > 3'))  # the subject read whole
     assert rule_of(whole, body=subject.body, body_text="v").rule == "r"
     assert given[-1]["body"] is subject.body and given[-1]["body_text"] == "v"
+    # the state: a policy without a state block has the body in its default state
+    (state_path,) = load_text(one_rule('state.path == "/"').replace('    state: {qty: "body:/qty"}\n', ""))
+    assert rule_of(state_path, body=subject.body, body_text="v").rule == "r"
+    assert given[-1] == {"path": "/"}
+    (state_whole,) = load_text(one_rule('state.path == "/" && "path" in state').replace('    state: {qty: "body:/qty"}\n', ""))
+    assert rule_of(state_whole, body=subject.body, body_text="v").rule == "r"
+    assert given[-1] == {"method": "POST", "path": "/", "body": subject.body}
 
 
 @pytest.mark.parametrize(
@@ -616,11 +626,35 @@ def test_a_subject_read_by_field_decides_as_the_whole_subject_does(when: str) ->
     (policy,) = load_text(BOTH.replace("WHEN", when.replace("'", "''")))
     (whole,) = load_text(BOTH.replace("WHEN", when.replace("'", "''")).replace(
         "action: block}", "action: block}\n      - {id: w, when: 'size(subject) < 0', action: block}"))
-    assert policy.rules[0].subject_reads is not None and whole.rules[1].subject_reads is None
+    assert policy.rules[0].selected["subject"] is not None and whole.rules[1].selected["subject"] is None
     subjects = [HttpSubject(method="POST", path=path, body=body) for path in ("/x", "/y")
                 for body in ({"k": "v"}, {"k": "w"}, {"j": 1}, None, ["k"], "k")]
-    subjects += [AgentSubject(event="tool_call", tool_name="t", arguments={"k": "v"}), AgentSubject(event="user_message")]
+    subjects += [AgentSubject(event="tool_call", tool_name="t", arguments={"k": "v"}), AgentSubject(event="model_output", user_message="x", text="y")]
     for subject in subjects:
         alone = trace_rules(policy.id, policy.rules, {}, subject=subject, state={})
         beside = trace_rules(whole.id, whole.rules, {}, subject=subject, state={})
         assert alone == beside[:1], (subject, alone, beside)
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        "has(state.body) && state.body.k == 'v'",
+        "has(state.body.k) || state.path == '/x'",
+        "state.method == 'POST' || has(state.task)",
+        "state.task == 'x'",  # a KeyError for an HTTP request's state
+    ],
+)
+def test_a_state_read_by_field_decides_as_the_whole_state_does(when: str) -> None:
+    """As for the subject: the state's fields a rule reads decide as the whole state does (the default states here:
+    an HTTP request's method, path and body, a model output's task and text)."""
+    (policy,) = load_text(BOTH.replace("WHEN", when.replace("'", "''")))
+    (whole,) = load_text(BOTH.replace("WHEN", when.replace("'", "''")).replace(
+        "action: block}", "action: block}\n      - {id: w, when: 'size(state) < 0', action: block}"))
+    assert policy.rules[0].selected["state"] is not None and whole.rules[1].selected["state"] is None
+    subjects = [HttpSubject(method="POST", path="/x", body=body) for body in ({"k": "v"}, {"j": 1}, None, ["k"])]
+    subjects.append(AgentSubject(event="model_output", user_message="x", text="y"))
+    for subject in subjects:
+        state = policy.render_state(subject)
+        alone = trace_rules(policy.id, policy.rules, {}, subject=subject, state=state)
+        assert alone == trace_rules(whole.id, whole.rules, {}, subject=subject, state=state)[:1], (subject, alone)
