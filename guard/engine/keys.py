@@ -9,7 +9,6 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from guard.errors import BackendRejected
 from guard.systemone import QuestionV1, SystemOneRequestV1
 
 __all__ = ["KEY_VERSION", "KeyTemplate", "cache_key", "scoped_key"]
@@ -22,13 +21,7 @@ def _media(value: Any) -> Any:
     """The key material of a value JSON cannot encode (Python API only): an array (a video's frames: numpy's, or a
     torch tensor, read through ``numpy(force=True)``) by its shape, dtype and bytes; a PIL image by its mode, size and
     pixels, a palette image's ("P", "PA") as RGBA (its pixels are indexes: the palette and transparency decide what
-    the model sees).
-
-    Raises:
-        TypeError: anything else (``bytes``, a ``set``, a ``datetime``, an object of the application's): no backend
-            sends it as it is (the remote ones refuse a request JSON cannot write), and no text stands for it in the
-            key that a string could not spell (its ``repr``: the state ``{"x": b"rm -rf /"}`` shared the entry of
-            ``{"x": "b'rm -rf /'"}``)."""
+    the model sees); anything else by its repr."""
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         array = value if callable(getattr(value, "tobytes", None)) else value.numpy(force=True)
         return {"array": [list(array.shape), str(array.dtype), hashlib.sha256(array.tobytes()).hexdigest()]}
@@ -37,7 +30,7 @@ def _media(value: Any) -> Any:
         mode = getattr(value, "mode", "")
         pixels = value.convert("RGBA").tobytes() if mode in ("P", "PA") else tobytes()
         return {"image": [mode, list(getattr(value, "size", ())), hashlib.sha256(pixels).hexdigest()]}
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+    return repr(value)
 
 
 #: One encoder for all key material (what ``json.dumps(..., ensure_ascii=False, separators=(",", ":"),
@@ -60,45 +53,28 @@ class KeyTemplate:
         questions: the questions in request order.
         images: the request's images (policies send none).
         videos: the request's videos (policies send none).
-
-    Raises:
-        BackendRejected: the images or videos hold a value JSON cannot write that is not an array or an image.
     """
 
-    __slots__ = ("_backend", "_head", "_tail")
+    __slots__ = ("_head", "_tail")
 
     def __init__(
         self, *, backend: str, revision: str, model: str, questions: Sequence[QuestionV1], images: Sequence[Any] = (),
         videos: Sequence[Any] = (),
     ) -> None:
-        self._backend = backend
         head = _KEY_ENCODER.encode({"v": KEY_VERSION, "backend": backend, "revision": revision, "model": model})
         self._head = hashlib.sha256(f'{head[:-1]},"state":'.encode())
         canonical = [q.canonical() for q in questions]  # a choice's options sorted by id: listing order is no key
         questions_json = _KEY_ENCODER.encode([[q.id, q.type, q.instructions, q.criteria] for q in canonical])
-        images_json = self._encoded(list(images))
-        videos_json = self._encoded(list(videos))
+        images_json = _KEY_ENCODER.encode(list(images))
+        videos_json = _KEY_ENCODER.encode(list(videos))
         self._tail = f',"questions":{questions_json},"images":{images_json},"videos":{videos_json}}}'.encode()
 
     def key(self, state: Any) -> str:
-        """SHA-256 (hex, 64 characters) of the key material with this ``state``.
-
-        Raises:
-            BackendRejected: ``state`` holds a value JSON cannot write (``bytes``, a ``set``, a ``datetime``): the
-                request is refused before the cache is read, as a remote backend refuses it, and the policy's fail
-                mode decides.
-        """
+        """SHA-256 (hex, 64 characters) of the key material with this ``state``."""
         digest = self._head.copy()
-        digest.update(self._encoded(state).encode("utf-8"))
+        digest.update(_KEY_ENCODER.encode(state).encode("utf-8"))
         digest.update(self._tail)
         return digest.hexdigest()
-
-    def _encoded(self, value: Any) -> str:
-        try:
-            return _KEY_ENCODER.encode(value)
-        except TypeError as exc:
-            raise BackendRejected(f"{self._backend}: request is not JSON-serialisable: {exc}",
-                                  backend=self._backend) from None
 
 
 def cache_key(request: SystemOneRequestV1, *, backend: str, revision: str) -> str:
@@ -109,9 +85,6 @@ def cache_key(request: SystemOneRequestV1, *, backend: str, revision: str) -> st
     id, as they go on the wire: two policies that list the same options in another order share entries), the
     images and the videos. Requests that differ in any of these never share an entry. The engine uses
     :class:`KeyTemplate` (same keys, the constant part computed once per policy).
-
-    Raises:
-        BackendRejected: the state, images or videos hold a value JSON cannot write (:class:`KeyTemplate`).
     """
     template = KeyTemplate(
         backend=backend, revision=revision, model=request.model, questions=request.questions, images=request.images,
