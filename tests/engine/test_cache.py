@@ -1003,7 +1003,8 @@ async def test_a_connect_that_outlasts_its_allowance_while_the_loop_is_busy_is_a
     """60 concurrent requests, Redis replies 0-60 ms late: the event loop ran the operation's timeout late, as the
     ``SELECT`` of a new connection was sent; redis-py sends through ``asyncio.wait_for``, which on Python 3.11 drops
     that cancellation, so the connect returned with the timeout expiring and moving it on raised ``RuntimeError``,
-    counted as guard's own error (health ``internal_error``). It is the store's timeout now."""
+    counted as guard's own error (health ``internal_error``). It is the store's timeout now (on Python 3.12 and later
+    the connect is cancelled instead, also a store timeout)."""
     from redis.asyncio.connection import Connection
 
     opened = Connection._connect
@@ -1021,7 +1022,7 @@ async def test_a_connect_that_outlasts_its_allowance_while_the_loop_is_busy_is_a
     assert (verdict.action, verdict.cache_hit, verdict.fail_mode, backend.calls) == ("block", False, None, 1)
     health = cache.health()
     assert (health.code, health.internal_errors, health.errors) == ("degraded", 0, 1), health.last_error
-    assert health.last_error == "TimeoutError: no Redis connection within the 50 ms connect timeout"
+    assert health.last_error.startswith("TimeoutError")  # Python 3.12's wait_for passes the cancellation on
     await guard.aclose()
 
 
