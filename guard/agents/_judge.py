@@ -36,7 +36,7 @@ from guard.engine.ids import new_decision_id
 from guard.engine.telemetry import MALFORMED_FLAG, RAW_ARGUMENTS_FLAG, ReviewEvent, record_review
 from guard.errors import HandoffError, InvalidJson
 from guard.subject import AgentSubject
-from guard.verdict import Action, FailMode, Verdict
+from guard.verdict import FailMode, Verdict
 
 if TYPE_CHECKING:
     from guard.engine import Guard
@@ -372,15 +372,8 @@ class Judgement:
     reviewer: str | None = None
 
 
-_FAIL_ACTIONS: dict[FailMode, Action] = {"closed": "block", "open": "allow", "escalate": "escalate"}
-
-
 #: The review record's event for each decision type of a resume.
 _REVIEW_EVENTS = {"approve": "approved", "reject": "rejected", "edit": "edited"}
-
-
-def _fail_outcome(mode: FailMode) -> Outcome:
-    return _FAIL_ACTIONS[mode]  # type: ignore[return-value]
 
 
 class Judge:
@@ -512,8 +505,9 @@ class Judge:
         return self._failed_handoff(subject, verdict, reason)
 
     def _failed_handoff(self, subject: AgentSubject, verdict: Verdict, reason: str) -> Judgement:
-        outcome = _fail_outcome(self.fail_mode)
-        judgement = Judgement(outcome, verdicts.unsettled_handoff(verdict, self.fail_mode, reason), reason=reason)
+        unsettled = verdicts.unsettled_handoff(verdict, self.fail_mode, reason)
+        outcome: Outcome = verdicts.FAIL_ACTIONS[self.fail_mode]  # type: ignore[assignment]
+        judgement = Judgement(outcome, unsettled, reason=reason)
         return self._handed_off(judgement, "failed")
 
     def _reviewed(self, subject: AgentSubject, target: str, verdict: Verdict, decision: str, reason: str) -> Judgement:

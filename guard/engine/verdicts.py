@@ -28,6 +28,7 @@ from guard.systemone import AnswerV1
 from guard.verdict import ACTIONS, Action, FailMode, Redaction, Verdict
 
 __all__ = [
+    "FAIL_ACTIONS",
     "FAIL_CLOSED_MESSAGE",
     "GUARD_ERROR_RULE",
     "MASKED_ACTIONS",
@@ -77,7 +78,8 @@ STATE_SEMICOLON_MESSAGE = ("Read otherwise at ';': the {what}; Rails on Rack 2 s
 #: Rule of a verdict a fail mode made (the backend failed, or the guard itself raised).
 GUARD_ERROR_RULE = "on_error"
 
-_FAIL_ACTIONS: dict[str, Action] = {"closed": "block", "open": "allow", "escalate": "escalate"}
+#: The action each fail mode takes (what a verdict a fail mode made, or a handoff it settled, does).
+FAIL_ACTIONS: dict[FailMode, Action] = {"closed": "block", "open": "allow", "escalate": "escalate"}
 
 #: Actions from most to least severe: when several policies match, the most severe verdict decides
 #: (:func:`combined`). The one place that order is written; a new action takes its place here (``redact`` goes
@@ -426,7 +428,7 @@ def fail_mode(
         logger.warning("policy %s@%s FAILED OPEN (%s): subject allowed without a decision", policy.id,
                        policy.version, reason)  # fmt: skip
     return make(
-        _FAIL_ACTIONS[fail.mode],
+        FAIL_ACTIONS[fail.mode],
         decision_id,
         policy_id=policy.id,
         policy_version=policy.version,
@@ -497,7 +499,7 @@ def guard_failed(
 ) -> Verdict:
     """The verdict of an enforcement point's fail mode when the guard itself raised."""
     return make(
-        _FAIL_ACTIONS[mode],
+        FAIL_ACTIONS[mode],
         decision_id,
         policy_id=policy.id if policy else None,
         policy_version=policy.version if policy else None,

@@ -13,6 +13,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from guard.engine.telemetry import DecisionLog, Telemetry
+from guard.engine.verdicts import FAIL_ACTIONS
 from guard.verdict import Verdict
 from tests.agents._drive import drive
 from tests.agents._fakes import Turn
@@ -48,6 +49,21 @@ def test_a_settled_handoff_is_recorded_and_counted(harness: Any, thread: Any, an
                for m in sm.metrics if m.name == "guard.handoffs" for p in m.data.data_points]
     assert counted == [({"guard.policy.id": handoff["policy"]["id"], "outcome": outcome}, 1)]
     assert h.runs.count() == (action == "allow")
+
+
+@pytest.mark.parametrize("fail_mode", ["closed", "open", "escalate"])
+def test_a_handoff_that_fails_takes_its_fail_modes_action_from_the_engines_one_table(harness: Any, thread: Any,
+                                                                                    fail_mode: str) -> None:
+    """The fail mode's action was written twice, in the agent judge and in the engine's verdicts; a handoff that
+    fails now takes it from the engine's :data:`~guard.engine.verdicts.FAIL_ACTIONS`."""
+    h = harness()
+    malformed = json.dumps({"decision": "deny", "reason": "r" * 1500})
+    agent = make_agent(h, Turn(calls=[("pay", {"amount": 50, "to": "reviewer"}, "a")]),
+                       reviewers={"second_opinion": _reviewer(malformed)}, fail_mode=fail_mode)
+    drive(agent, USER, thread(), "invoke")
+    [settled] = [json.loads(line) for line in h.lines if json.loads(line).get("kind") == "handoff_outcome"]
+    assert settled["outcome"] == "failed" and settled["fail_mode"] == fail_mode
+    assert settled["action"] == FAIL_ACTIONS[fail_mode]  # type: ignore[index]
 
 
 def test_a_failed_handoffs_error_is_scrubbed_of_secrets_as_a_decisions_is() -> None:
