@@ -10,6 +10,7 @@ from guard.systemone import AnswerV1
 
 __all__ = [
     "ACTIONS",
+    "ACTION_RANK",
     "Action",
     "FailMode",
     "MaskStyle",
@@ -28,12 +29,13 @@ MaskStyle = Literal["redact", "mask"]
 """How a redacted span is replaced: ``redact`` by ``[REDACTED:<label>]``; ``mask`` by one ``*`` per character,
 keeping the last 4 characters of a span of 8 or more (``************1111``)."""
 
-_RANK = {action: rank for rank, action in enumerate(ACTIONS)}
+#: Each action's place in :data:`ACTIONS` (0: the strongest), what verdicts are ordered by when they combine.
+ACTION_RANK: dict[Action, int] = {action: rank for rank, action in enumerate(ACTIONS)}
 
 
 def strongest(actions: Iterable[Action]) -> Action:
     """The action that wins among ``actions`` by :data:`ACTIONS` order (``allow`` for none)."""
-    return min(actions, key=_RANK.__getitem__, default="allow")
+    return min(actions, key=ACTION_RANK.__getitem__, default="allow")
 
 
 @dataclass(frozen=True)

@@ -236,11 +236,11 @@ def _print_overlaps(policies: list[Any]) -> None:
 
 def _combined(a: Any, b: Any) -> str:
     """What decides a subject both policies match, by their modes."""
-    from guard.engine.verdicts import SEVERITY
+    from guard.verdict import ACTIONS
 
     shadow = [p for p in (a, b) if p.mode == "shadow"]
     if not shadow:
-        return f"both decide, the most severe verdict wins ({' > '.join(SEVERITY)})"
+        return f"both decide, the most severe verdict wins ({' > '.join(ACTIONS)})"
     if len(shadow) == 2:
         return "both are shadow: both verdicts are recorded and the subject is allowed"
     enforced = b if shadow[0] is a else a

@@ -6,7 +6,7 @@ probability cache or ask the backend within the policy's timeout; apply the rule
 (:mod:`guard.engine.verdicts`). When several policies match, policies that share a backend, model and state are asked
 in one request (each distinct question once, :func:`~guard.engine.plan.group_plans`), each policy's rules make its
 own verdict, and :func:`~guard.engine.verdicts.combined` picks the one that decides (the most severe,
-:data:`~guard.engine.verdicts.SEVERITY`); the others stay in ``Verdict.contributions``. A policy without questions
+:data:`~guard.verdict.ACTIONS`); the others stay in ``Verdict.contributions``. A policy without questions
 (rules only) is decided without a model call.
 
 ``aevaluate`` never raises for backend, cache or rule trouble: each policy's fail mode decides for that policy, and

@@ -25,14 +25,13 @@ from guard.policy.redact import UNMASKABLE_FLAG, Redactor, apply_redactions, mas
 from guard.policy.rules import RuleError
 from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import AnswerV1
-from guard.verdict import ACTIONS, Action, FailMode, Redaction, Verdict
+from guard.verdict import ACTION_RANK, Action, FailMode, Redaction, Verdict
 
 __all__ = [
     "FAIL_ACTIONS",
     "FAIL_CLOSED_MESSAGE",
     "GUARD_ERROR_RULE",
     "MASKED_ACTIONS",
-    "SEVERITY",
     "STATE_ALIASED_MESSAGE",
     "STATE_AMBIGUOUS_MESSAGE",
     "STATE_AMBIGUOUS_RULE",
@@ -81,11 +80,6 @@ GUARD_ERROR_RULE = "on_error"
 #: The action each fail mode takes (what a verdict a fail mode made, or a handoff it settled, does).
 FAIL_ACTIONS: dict[FailMode, Action] = {"closed": "block", "open": "allow", "escalate": "escalate"}
 
-#: Actions from most to least severe: when several policies match, the most severe verdict decides
-#: (:func:`combined`). The one place that order is written; a new action takes its place here (``redact`` goes
-#: between ``handoff`` and ``allow``).
-SEVERITY: tuple[Action, ...] = ACTIONS
-_RANK = {action: rank for rank, action in enumerate(SEVERITY)}
 #: The actions that pass the subject on, so that every enforced ``redact`` beside the one that decides masks what
 #: goes: ``redact`` (to the application), ``escalate`` (held, shown to reviewers and released masked) and ``handoff``
 #: (to the handoff target). A ``block`` passes nothing on; an ``allow`` never decides beside an enforced ``redact``.
@@ -255,7 +249,7 @@ def combined(
     """The verdict of several matching policies from each one's own verdict (``contributions[i]`` is
     ``policies[i]``'s): the one that decides is the first by
 
-    1. its action's place in :data:`SEVERITY` (block > escalate > handoff > redact > allow; a shadow policy's verdict
+    1. its action's place in :data:`~guard.verdict.ACTIONS` (block > escalate > handoff > redact > allow; a shadow policy's verdict
        allows);
     2. then, among equal actions, an enforced policy's verdict before a shadow one's (a shadow policy never decides
        what the client or the metrics see; it decides only when every matching policy is shadow), then the shadow
@@ -280,9 +274,9 @@ def combined(
 
     def rank(verdict: Verdict) -> tuple[int, bool, int, bool, int, str]:
         return (
-            _RANK[verdict.action],
+            ACTION_RANK[verdict.action],
             verdict.shadow_action is not None,
-            _RANK[verdict.shadow_action or "allow"],
+            ACTION_RANK[verdict.shadow_action or "allow"],
             verdict.fail_mode is None,
             -priority[verdict.policy_id or ""],
             verdict.policy_id or "",

@@ -13,11 +13,11 @@ import pytest
 
 from guard.engine import Guard
 from guard.engine.telemetry import DecisionLog, span_attributes
-from guard.engine.verdicts import SEVERITY
 from guard.errors import BackendUnavailable
 from guard.policy import load_files, load_text
 from guard.policy.redact import apply_redactions
 from guard.subject import HttpSubject
+from guard.verdict import ACTION_RANK
 from tests._backends import ScriptedBackend, constant
 
 pytestmark = pytest.mark.anyio
@@ -120,7 +120,7 @@ async def test_the_most_severe_action_decides(first: str, second: str, decides: 
     async with guard:
         verdict = await guard.aevaluate(post("x"))
     assert verdict.policy_id == decides
-    assert SEVERITY.index(verdict.action) == min(SEVERITY.index(first), SEVERITY.index(second))
+    assert ACTION_RANK[verdict.action] == min(ACTION_RANK[first], ACTION_RANK[second])
 
 
 TWO_BLOCKS = """
