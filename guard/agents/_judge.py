@@ -33,7 +33,7 @@ from guard._json import loads as strict_loads
 from guard.agents._quiet import quiet_model, quiet_tokens
 from guard.engine import verdicts
 from guard.engine.ids import new_decision_id
-from guard.engine.telemetry import MALFORMED_FLAG, RAW_ARGUMENTS_FLAG, ReviewEvent, record_review
+from guard.engine.telemetry import MALFORMED_FLAG, RAW_ARGUMENTS_FLAG, HandoffOutcome, ReviewEvent, record_review
 from guard.errors import HandoffError, InvalidJson
 from guard.subject import AgentSubject
 from guard.verdict import FailMode, Verdict
@@ -516,9 +516,9 @@ class Judge:
         judgement = Judgement(outcome, verdict, reason=text or None, reviewer=target)
         return self._handed_off(judgement, "allowed" if outcome == "allow" else "denied")
 
-    def _handed_off(self, judgement: Judgement, outcome: str) -> Judgement:
+    def _handed_off(self, judgement: Judgement, outcome: HandoffOutcome) -> Judgement:
         """Record how a handoff was settled and return ``judgement``: ``guard.handoffs`` counts it by ``outcome``
-        (:data:`~guard.engine.telemetry.HANDOFF_OUTCOMES`), and the decision log gets a ``handoff_outcome`` record
+        (:data:`~guard.engine.telemetry.HandoffOutcome`), and the decision log gets a ``handoff_outcome`` record
         under the handoff's decision id (:meth:`~guard.engine.telemetry.DecisionLog.handoff_outcome`: the judgement's
         action and the outcome; the reviewer's reason is not written: a model's free text)."""
         verdict = judgement.verdict

@@ -6,7 +6,7 @@ mode; ``guard.fail_open`` (every decision a fail-open policy allowed because of 
 (every decision made on part of its state: a field cut to its ``max_chars``, or state tokens the backend did not
 read); both count each matching policy under its own id, a shadow one's too (an enforced policy's fail-open only when
 the decision let the subject through); ``guard.handoffs`` (agent decisions an LLM reviewer settled, by ``outcome``:
-:data:`HANDOFF_OUTCOMES`); a duration histogram ``guard.decision.duration`` in seconds (buckets from
+:data:`HandoffOutcome`); a duration histogram ``guard.decision.duration`` in seconds (buckets from
 25 us to 10 s, :data:`guard._buckets.DURATION_BUCKETS_S`). Every metric's attributes use one vocabulary:
 ``guard.policy.id``, ``guard.action``, ``guard.rule``, ``guard.fail_mode``, ``guard.shadow`` (Prometheus:
 ``guard_policy_id``, ...).
@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 from urllib.parse import quote, quote_plus, unquote_plus
 
 from opentelemetry import metrics, trace
@@ -78,7 +78,6 @@ __all__ = [
     "DEFAULT_REDACT",
     "EVALUATION_EVENT",
     "GEN_AI_OPERATION",
-    "HANDOFF_OUTCOMES",
     "LOG_INPUT_MODES",
     "METRICS_EXPORTERS",
     "REVIEW_EVENTS",
@@ -89,6 +88,7 @@ __all__ = [
     "TRACES_EXPORTERS",
     "TRACING_RECHECK_S",
     "DecisionLog",
+    "HandoffOutcome",
     "ReviewEvent",
     "Scrubber",
     "Telemetry",
@@ -102,9 +102,10 @@ __all__ = [
     "tracer_provider_from_env",
 ]
 
-#: How an agent's LLM reviewer handoff was settled: the ``outcome`` of ``guard.handoffs`` and the decision log's
-#: ``flags.handoff_outcome`` (the reviewer allowed or denied the call, or the handoff failed and the fail mode decided).
-HANDOFF_OUTCOMES = ("allowed", "denied", "failed")
+HandoffOutcome = Literal["allowed", "denied", "failed"]
+"""How an agent's LLM reviewer handoff was settled: the ``outcome`` of ``guard.handoffs`` and of the decision log's
+``handoff_outcome`` record (the reviewer allowed or denied the call, or the handoff failed and the fail mode
+decided)."""
 #: ``OTEL_TRACES_EXPORTER`` values understood by :func:`tracer_provider_from_env`.
 TRACES_EXPORTERS = ("otlp", "console", "none")
 #: ``OTEL_METRICS_EXPORTER`` values understood by :func:`metric_readers_from_env` (a comma-separated list).
@@ -1416,8 +1417,6 @@ def record_review(decision_log: DecisionLog | None, event: ReviewEvent) -> None:
 #: Most characters of lines a :class:`DecisionLog` holds for its writer thread (``queue_chars``), the line being
 #: written included; a line past them is dropped (one line longer than that alone is taken).
 QUEUE_CHARS = 16 * 1024 * 1024
-#: Why a :class:`DecisionLog` dropped a record: the attribute ``reason`` of ``guard.decision_log.dropped``.
-DROP_REASONS = ("queue_full", "sink_error", "unbuildable", "shutdown")
 #: Seconds between two error log lines of one kind about a decision log's sink (``does not keep up``, ``write
 #: failed``); each says how many were not logged since the one before.
 ERROR_LOG_INTERVAL_S = 10.0
@@ -1466,7 +1465,7 @@ class DecisionLog:
             stream or callable (written to where the record is made; pass ``True`` when it may block).
         queue_chars: most characters the queue holds (:data:`QUEUE_CHARS` by default).
         meter_provider: where ``guard.decision_log.dropped`` (records dropped, by ``reason``:
-            :data:`DROP_REASONS`) is counted; ``None`` = the global one.
+            ``queue_full``, ``sink_error``, ``unbuildable``, ``shutdown``) is counted; ``None`` = the global one.
 
     Raises:
         ValueError: for a pointer that does not start with ``/``, an unknown ``log_input``, or a ``max_chars``
@@ -1654,9 +1653,9 @@ class DecisionLog:
         self._append(_json_line(record))
         return record
 
-    def handoff_outcome(self, verdict: Verdict, outcome: str) -> dict[str, Any]:
+    def handoff_outcome(self, verdict: Verdict, outcome: HandoffOutcome) -> dict[str, Any]:
         """Build and write the record of how a handoff was settled (:data:`HANDOFF_OUTCOME_RECORD_KIND`: ``kind``,
-        ``decision_id`` (the handoff's), ``outcome`` (:data:`HANDOFF_OUTCOMES`), ``action`` (what was done),
+        ``decision_id`` (the handoff's), ``outcome`` (:data:`HandoffOutcome`), ``action`` (what was done),
         ``fail_mode`` and ``error`` (``failed``: why, and which fail mode decided), ``policy``, ``timestamp``,
         ``labels``); returned as written. The handoff's input and state are in its own record, not repeated. Under
         ``log_input="redacted"`` values shaped like secrets are scrubbed from ``error`` as from a decision record's

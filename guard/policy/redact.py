@@ -28,7 +28,6 @@ from guard.verdict import MaskStyle, Redaction
 __all__ = [
     "DETECTOR_LABEL",
     "MASK_KEEP",
-    "MASK_STYLES",
     "UNMASKABLE_FLAG",
     "Redactor",
     "apply_redactions",
@@ -46,7 +45,6 @@ DETECTOR_LABEL = "instructions"
 UNMASKABLE_FLAG = "unmaskable"
 #: Characters ``mask`` keeps at the end of a span of at least twice as many.
 MASK_KEEP = 4
-MASK_STYLES: tuple[MaskStyle, ...] = ("redact", "mask")
 
 
 _EMPTY_PROBE = "a 1-_.\nZ"  # word and non-word characters, a line break: where a pattern of empty matches matches
