@@ -60,7 +60,8 @@ RETRY_STATUSES = frozenset({408, 429})
 DEFAULT_MAX_CONNECTIONS = 100
 DEFAULT_MAX_KEEPALIVE = 20
 #: Most bytes of an error answer (a status other than 2xx) read: its code and field tokens sit at its head, and
-#: parsing it holds the event loop (a 64 KiB body parses in milliseconds; 8 MiB of ``[]`` took 0.6 s per attempt).
+#: parsing it holds the event loop, so the read is capped where a body still parses in milliseconds
+#: (``docs/benchmarks.md``).
 ERROR_BODY_BYTES = 64 * 1024
 
 

@@ -262,8 +262,8 @@ def schema_ids(processor: ClefProcessor, texts: list[str], budget: int) -> tuple
     The texts are tokenized in order, in groups of at most ``HEAD_CHARS_PER_TOKEN * (budget + HEAD_MARGIN)``
     characters (a usual schema is one group, one call), until every text is done or they hold more than ``budget``
     tokens; a text longer than a group on its own is tokenized only as far as the tokens left need
-    (:func:`state_head`). So megabytes of instructions or criteria cost what one group does, not seconds of a shared
-    encoding thread (2 MB of instructions took 6.5 s to tokenize whole).
+    (:func:`state_head`). So megabytes of instructions or criteria cost what one group does, not the time of
+    tokenizing them whole on a shared encoding thread (``docs/worker.md``).
 
     Returns:
         ``(pieces, complete)``: ``complete`` when every text was tokenized whole, one id list per text (their total may

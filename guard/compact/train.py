@@ -3,10 +3,11 @@ helpers the catalog training (:mod:`guard.compact.finetune`) shares.
 
 The encoder stays frozen, so every state is encoded once (through the on-disk
 :class:`~guard.compact._cache.EmbeddingCache`) and each epoch only runs the head. The loss per question is
-label-smoothed cross-entropy plus a Brier term over its options (the Clef recipe, ``clef-runtime.md`` §1.7). Training
-is seeded (``torch``, Python ``random``), validates after every epoch, keeps the best epoch by validation loss and
-stops after ``patience`` epochs without improvement. Afterwards the head is rounded to bf16 (its on-disk dtype) and
-a temperature per question id is fitted on the validation records (:func:`fit_temperature`).
+label-smoothed cross-entropy plus a Brier term over its options (the Clef recipe: §1.7 of the Clef runtime
+specification, whose sections ``docs/clef.md`` lists). Training is seeded (``torch``, Python ``random``), validates
+after every epoch, keeps the best epoch by validation loss and stops after ``patience`` epochs without improvement.
+Afterwards the head is rounded to bf16 (its on-disk dtype) and a temperature per question id is fitted on the
+validation records (:func:`fit_temperature`).
 
 The head is a :class:`~guard.compact.router.RouterHead`: one choice question over fixed labels.
 """

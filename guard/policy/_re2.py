@@ -23,15 +23,15 @@ Pattern = Any
 ``fullmatch`` as ``re.Pattern`` has them, offsets in characters."""
 
 #: RE2's memory budget for a pattern written in the policy (a ``redact`` pattern, a literal a rule's ``matches()``
-#: is given): with the 8 MiB default the DFA of ``\w{1,40}@\w{1,40}\.example`` (Unicode classes) ran out of room
-#: and RE2 fell back to its slower engine (154 ms on 1 MB of French, 2 ms at 16 MiB). Memory a pattern's DFA takes
-#: is kept while the policy is loaded: 16 MiB at most each.
+#: is given): room for the DFA of ``\w{1,40}@\w{1,40}\.example`` (Unicode classes), which at RE2's 8 MiB default
+#: falls back to its slower engine (``docs/benchmarks.md``). Memory a pattern's DFA takes is kept while the policy is
+#: loaded: 16 MiB at most each.
 MAX_MEM = 16 << 20
 #: RE2's budget for a pattern a rule may compute, compiled at load (possibly many: see
 #: :func:`guard.policy.rules.rule_patterns`): enough for the Unicode ``\w{1,40}@\w{1,40}\.example`` (2 MiB).
 CANDIDATE_MAX_MEM = 4 << 20
-#: RE2's budget for a pattern a request supplies (compiled on each call): 30 request patterns of
-#: ``[\w.]{1,200}@...`` took 2.8 s to compile at 16 MiB, 0.01 s (refused) at 1 MiB.
+#: RE2's budget for a pattern a request supplies (compiled on each call): small, so a pattern whose DFA would be
+#: large (``[\w.]{1,200}@...``) is refused quickly rather than compiled (``docs/benchmarks.md``).
 REQUEST_MAX_MEM = 1 << 20
 
 

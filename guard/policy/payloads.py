@@ -157,16 +157,13 @@ MAX_SQL_STATEMENT = 2000
 MAX_SQL_STARTS = 64
 #: Characters sqlglot may tokenise and parse for one ``sqli`` call, all readings together: :data:`SQL_WORK_BASE`
 #: plus :data:`SQL_WORK_PER_CHAR` per character of the text, at most :data:`MAX_SQL_PARSE_CHARS`; past it, a keyword
-#: shaped like a statement (:data:`_SQL_SHAPE_RE`) counts as SQL and any other is skipped. A character of budget
-#: costs at most about 15 us (text built to parse slowly, ``select (1),(1),...``, on a loaded 2-core machine), and
-#: each keyword past the budget or the first :data:`MAX_SQL_STARTS` a shape test of at most 300 characters: measured
-#: with ``bench/payload_detectors.py`` on a loaded 2-core machine, 30 ms for 2,000 characters built to parse slowly,
-#: 0.2 s for 10,000, 0.4-0.5 s for 100,000 or 1,000,000 (four readings of 1 MB of ``update wN``: 0.8 s). Each line is
+#: shaped like a statement (:data:`_SQL_SHAPE_RE`) counts as SQL and any other is skipped; each keyword past the
+#: budget or the first :data:`MAX_SQL_STARTS` costs a shape test of at most 300 characters (what a character of
+#: budget costs, measured with ``bench/payload_detectors.py``: ``docs/policies.md``). Each line is
 #: tokenised from its first keyword in windows of two statements, a window charged only for what the one before it
 #: had not tokenised, the keywords read their statements from those tokens, and a parse that fails within a
 #: statement's first tokens is charged only as far as it read (prose fails within a few words), so ordinary text
-#: uses a small part of its budget (at most 2,456 characters on every benign record in ``data/``, less than
-#: :data:`SQL_WORK_BASE`).
+#: uses a small part of its budget (every benign record in ``data/`` less than :data:`SQL_WORK_BASE`).
 SQL_WORK_BASE = 2 * MAX_SQL_STATEMENT
 SQL_WORK_PER_CHAR = 3
 MAX_SQL_PARSE_CHARS = 20_000
@@ -207,8 +204,7 @@ _SCRIPT_URL_RE = re.compile(_SCRIPT_URL, re.IGNORECASE)
 _XSS_RE = re.compile(r"<\s*(?:script|iframe|object|embed)\b|" + _SCRIPT_URL, re.IGNORECASE)  # + code-loading tags
 #: A start tag as a browser reads it: ``<``, a letter, then everything up to the first ``>`` outside quotes (its
 #: attributes may sit on lines of their own). Written as runs of unquoted characters between quoted values (Friedl's
-#: unrolled loop) rather than one alternation per character: the same matches, with no backtracking, 40 times faster
-#: (one alternation per character held the GIL 330 ms on a 1 MB tag that never closes).
+#: unrolled loop), not one alternation per character, so it matches with no backtracking.
 _TAG_RE = re.compile(r"<[a-z][^\"'>]*(?:(?:\"[^\"]*\"|'[^']*')[^\"'>]*)*", re.IGNORECASE)
 _EVENT_RE = re.compile(r"[\s/\"']on[a-z]+\s*=", re.IGNORECASE)  # an event handler attribute
 _STYLE_RE = re.compile(r"style\s*=", re.IGNORECASE)
@@ -251,7 +247,7 @@ _CHAINED_RE = re.compile(
 _CODE_EXEC = tuple((marks, re.compile(pattern, re.IGNORECASE | re.MULTILINE)) for marks, pattern in (
     (("`",), r"(?:^|[=;|&])\s*`\s*[a-z_./][\w./-]*(?:\s[^`\n]*)?`"),  # a backticked command where a shell runs it
     # a pipe into a shell (the lookahead, a letter each of its forms starts with, spares the optional parts at a
-    # pipe followed by anything else: 258 -> 22 ms on 1 MB of "| <a | nc a ")
+    # pipe followed by anything else)
     (("|",), rf"\|\s*(?=[/sbzdke]){_RUNNER}(?:/bin/|/usr/bin/)?(?:ba|z|da|k)?sh\b(?!\s*[a-z])"),
     # a download piped into an interpreter that reads its program from the pipe (not "| python -m json.tool")
     (("curl", "wget"), (rf"\b(?:curl|wget)\s[^|\n]{{0,300}}\|\s*{_RUNNER}(?:/usr/bin/|/usr/local/bin/)?"

@@ -196,7 +196,7 @@ def apply_redactions(body: Any, redactions: tuple[Redaction, ...]) -> Any:
     if not by_pointer:
         return body
     # every pointer that leads to a span (its own and its ancestors'), so each container is looked up once: the
-    # whole rebuild is linear in the body and the spans (a scan of every span per container was quadratic)
+    # whole rebuild is linear in the body and the spans
     above = {p[:i] for p in by_pointer for i, c in enumerate(p) if c == "/"}
     return _rebuild(body, "", by_pointer, above)
 
