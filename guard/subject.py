@@ -13,7 +13,7 @@ import re
 import unicodedata
 import urllib.parse
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 __all__ = [
@@ -126,7 +126,9 @@ class HttpSubject:
         body: the decoded body: a JSON value, ``{field: [values]}`` for forms, a ``str`` for text, ``None`` if empty.
         body_text: the text fields of the body joined, for policies that judge "all user text" of the body at once;
             left out (``None``), it is made from ``body`` as the middleware makes it (:func:`body_text_of`), so a
-            subject built in code with only a ``body`` has its text judged.
+            subject built in code with only a ``body`` has its text judged. A copy with another body is made with
+            :meth:`with_body`, which makes its text too (``dataclasses.replace`` with only ``body`` would keep the
+            old text).
         form_string: a urlencoded request body as sent (its bytes as latin-1 text) when it holds ``]=``, where qs
             (Express's ``urlencoded({extended: true})``) ends a field name otherwise than guard's split (``q[=]=x``
             names ``q[=]``, which it reads as ``q``); empty otherwise. A state field that reads a form field by name
@@ -167,6 +169,11 @@ class HttpSubject:
     def __post_init__(self) -> None:
         if self.body_text is None:  # set once, while the frozen instance is being built
             object.__setattr__(self, "body_text", body_text_of(self.body))
+
+    def with_body(self, body: Any, body_text: str | None = None, **changes: Any) -> HttpSubject:
+        """A copy with ``body`` and its ``body_text`` (``None``: made from ``body``, :func:`body_text_of`), and the
+        other fields ``changes`` names."""
+        return replace(self, body=body, body_text=body_text_of(body) if body_text is None else body_text, **changes)
 
     @property
     def request_text(self) -> str:

@@ -264,9 +264,9 @@ class ResponseJudge:
             message = {**message, "headers": [*message.get("headers", ()), *self.extra]}
         headers, repeated = _headers(message.get("headers", []))
         media = _media_of(headers.get("content-type", ""))
-        head = dataclasses.replace(self.request, phase="response", status=message["status"], headers=headers,
-                                   content_type=media, query=self.request.query, body=None, body_text="",
-                                   repeated_headers=())  # the upstream's repeated headers are read joined
+        head = self.request.with_body(None, "", phase="response", status=message["status"], headers=headers,
+                                      content_type=media, query=self.request.query,
+                                      repeated_headers=())  # the upstream's repeated headers are read joined
         if repeated:
             await self._refuse_repeated(message, head, repeated)
             return
@@ -391,7 +391,7 @@ class ResponseJudge:
                 return
             joined = joiner.readings()
             text = "\n".join([text, *("".join(p) for p in joined)])
-        verdict = await self._judge(dataclasses.replace(self.head, body=value, body_text=text, deltas=joined))
+        verdict = await self._judge(self.head.with_body(value, text, deltas=joined))
         if _stops(verdict):
             await self._block(verdict)
             return
@@ -657,7 +657,7 @@ def _window_subject(head: HttpSubject, text: str, joined: tuple[tuple[str, ...],
     :meth:`DeltaJoiner.joined`, also the subject's ``deltas``)."""
     read = with_markup_reading(text) if is_markup(head.content_type) else text
     judged = "\n".join([read, *body_strings(json_readings(text, piece=True)), *("".join(p) for p in joined)])
-    return dataclasses.replace(head, body=text, body_text=judged, deltas=joined)
+    return head.with_body(text, judged, deltas=joined)
 
 
 def whole_stream_subject(head: HttpSubject, text: str, limits: BodyLimits) -> HttpSubject:

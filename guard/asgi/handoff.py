@@ -254,9 +254,8 @@ class HandoffClient:
             # about is their question)
             keys = dataclasses.replace(subject, headers={k: v for k, v in subject.headers.items()
                                                          if k in CREDENTIAL_HEADERS})
-            subject = dataclasses.replace(subject, body=redact_secrets(subject.body, keys),
-                                          body_text=redact_secrets(subject.body_text, keys),
-                                          query=redact_secrets(subject.query, keys))
+            subject = subject.with_body(redact_secrets(subject.body, keys), redact_secrets(subject.body_text, keys),
+                                        query=redact_secrets(subject.query, keys))
             chat = _client_chat(subject.body)
             method, path = _quoted(subject.method), _quoted(subject.path)
             if chat is not None:
