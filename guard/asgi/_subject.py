@@ -32,7 +32,6 @@ __all__ = [
     "held_request",
     "host_name",
     "query_map",
-    "shown_pairs",
     "shown_query",
     "subject_summary",
     "with_body",
@@ -412,7 +411,7 @@ def shown_headers(subject: HttpSubject) -> dict[str, str]:
     # secrets from the credential headers and credential-named ones only: the log's rule that any long header value
     # may be one would hide the very values (x-role: organization-admin) the reviewer approves
     credentials = {name: value for name, value in subject.headers.items() if name.encode("latin-1") in SENSITIVE_HEADERS}
-    return dict(shown_pairs(held, dataclasses.replace(subject, headers=credentials)))
+    return dict(_shown_pairs(held, dataclasses.replace(subject, headers=credentials)))
 
 
 def shown_query(subject: HttpSubject) -> str:
@@ -422,15 +421,15 @@ def shown_query(subject: HttpSubject) -> str:
     another parameter repeats them, as the item's state is redacted (:func:`redact_secrets`). Percent-encoded, so a
     value cannot pass for another parameter; ``""`` without a query."""
     pairs = [(name, value) for name, values in subject.query.items() for value in values]
-    return urlencode(shown_pairs(pairs, subject), quote_via=quote, safe="[]")
+    return urlencode(_shown_pairs(pairs, subject), quote_via=quote, safe="[]")
 
 
-def shown_pairs(pairs: list[tuple[str, str]], subject: HttpSubject | None = None) -> list[tuple[str, str]]:
+def _shown_pairs(pairs: list[tuple[str, str]], subject: HttpSubject) -> list[tuple[str, str]]:
     """``(name, value)`` pairs as a reviewer sees them: the value of one named like a credential
     (:func:`~guard.engine.telemetry.credential_name`) or shaped like one (``Bearer ...``:
-    :func:`~guard.engine.telemetry.credential_value`) ``[redacted]``, values shaped like credentials (known key
-    prefixes, URLs with credentials) masked, and ``subject``'s secret values (:func:`redact_secrets`; none without a
-    subject) and those of the credential-named pairs replaced by ``[redacted]`` wherever a value repeats them."""
+    :func:`~guard.engine.telemetry.credential_value`) ``[redacted]``, and ``subject``'s secret values
+    (:func:`redact_secrets`) and those of the credential-named pairs replaced by ``[redacted]`` wherever a value
+    repeats them."""
     secret = [credential_name(name) or credential_value(value) for name, value in pairs]
     masked = [[name, "[redacted]" if hidden else value] for (name, value), hidden in zip(pairs, secret, strict=True)]
     secrets = [value for (_, value), hidden in zip(pairs, secret, strict=True) if hidden and value]

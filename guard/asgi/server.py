@@ -27,12 +27,12 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
-from urllib.parse import quote, unquote_plus
+from urllib.parse import unquote_plus
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from guard.asgi._subject import shown_pairs
+from guard.engine.telemetry import credential_name
 
 __all__ = [
     "DEFAULT_HEADER_TIMEOUT_S",
@@ -121,7 +121,9 @@ def server_options(header_timeout: float = DEFAULT_HEADER_TIMEOUT_S) -> dict[str
 
 
 class _QueryMask(logging.Filter):
-    """Masks uvicorn's access log line's query (:func:`masked_target`) as review items show a query."""
+    """Masks uvicorn's access log line: the value of each query parameter named like a secret
+    (:func:`~guard.engine.telemetry.credential_name`) becomes ``[redacted]`` (``/v1?api_key=[redacted]&q=hi``), as the
+    decision log and review items show a query."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
@@ -134,21 +136,13 @@ _QUERY_SEPARATOR = re.compile(r"([&;])")
 
 
 def masked_target(target: str) -> str:
-    """A request target (``path?query``) with each query parameter masked as a review item's query masks it
-    (:func:`~guard.asgi._subject.shown_pairs`): the value of one named like a credential, or shaped like one
-    (``Bearer ...``, a known key prefix, a URL's password), becomes ``[redacted]`` or shows the credential's part
-    ``[redacted]`` (``/v1?api_key=[redacted]&q=[redacted]&r=https%3A%2F%2Fbob%3A[redacted]%40x.example%2F``), its
-    name as sent, the masked value percent-encoded. Parameters it leaves as they were, the separators and the path
-    stay as sent."""
+    """A request target (``path?query``) with the values of secret-named query parameters ``[redacted]``; names,
+    other values and the path as they were sent."""
     path, _, query = target.partition("?")
-    parts = _QUERY_SEPARATOR.split(query)  # & and ; (some frameworks split on both), kept as sent at the odd indexes
-    params = [part.partition("=") for part in parts[::2]]
-    pairs = [(unquote_plus(name), unquote_plus(value)) for name, _, value in params]
-    for index, ((sent_name, _, _), pair, (name, value)) in enumerate(zip(params, pairs, shown_pairs(pairs),
-                                                                          strict=True)):
-        if (name, value) != pair:
-            shown_name = sent_name if name == pair[0] else quote(name, safe="[]")
-            parts[2 * index] = f"{shown_name}={quote(value, safe='[]')}"
+    parts = []
+    for part in _QUERY_SEPARATOR.split(query):  # & and ; (some frameworks split on both), kept as sent
+        name, equals, _ = part.partition("=")
+        parts.append(f"{name}=[redacted]" if equals and credential_name(unquote_plus(name)) else part)
     return f"{path}?{''.join(parts)}"
 
 

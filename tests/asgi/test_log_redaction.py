@@ -10,7 +10,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, unquote
 
 import httpx
 import pytest
@@ -137,36 +136,12 @@ async def test_controls_in_a_path_cannot_start_a_log_line(make_guard: GuardFacto
         ("/v1/x?a=1;api_key=S2&b=2", "/v1/x?a=1;api_key=[redacted]&b=2"),  # ; separates parameters in some apps
         ("/v1/x?Api%5FKey=S3&key%5B%5D=S4&code=S5", "/v1/x?Api%5FKey=[redacted]&key%5B%5D=[redacted]&code=[redacted]"),
         ("/v1/x?q=a%3Bb&sort=asc", "/v1/x?q=a%3Bb&sort=asc"),  # values and names that are not secrets are kept
-        # values shaped like credentials, under any name, as a review item's query shows them
-        ("/v1/x?q=sk-proj-Abc123XyZ987Qwe456Rty789Uio012Pas345&n=1", "/v1/x?q=[redacted]&n=1"),
-        ("/v1/x?redirect=https://bob:pa55w0rd@x.example/",
-         "/v1/x?redirect=https%3A%2F%2Fbob%3A[redacted]%40x.example%2F"),
-        ("/v1/x?h=Bearer%20eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiI0MiJ9.OtGWtycGd5wAjU5nLmRN4bXOHrES5K7900CQArVllW4",
-         "/v1/x?h=[redacted]"),
-        ("/v1/x?x=AKIAIOSFODNN7EXAMPLE;y=2", "/v1/x?x=[redacted];y=2"),
     ],
 )
 def test_the_access_log_shows_a_target_with_credential_values_masked(target: str, shown: str) -> None:
     from guard.asgi.server import masked_target
 
     assert masked_target(target) == shown
-
-
-def test_the_access_log_masks_a_query_as_the_review_item_shows_it() -> None:
-    """Each value the review item's query masks is masked in the access log's line too."""
-    from guard.asgi._subject import shown_pairs
-    from guard.asgi.server import masked_target
-
-    query = ("q=sk-proj-Abc123XyZ987Qwe456Rty789Uio012Pas345&h=Bearer%20eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiI0MiJ9.x1"
-             "&redirect=https://bob:pa55w0rd@x.example/&api_key=Kq7Secret9876543210&echo=Kq7Secret9876543210"
-             "&x=AKIAIOSFODNN7EXAMPLE&sort=asc")
-    pairs = [tuple(part.split("=", 1)) for part in unquote(query).split("&")]
-    shown = dict(shown_pairs(pairs))
-    assert [name for name, value in shown.items() if "[redacted]" not in value] == ["sort"]
-    logged = masked_target(f"/v1/x?{query}")
-    assert dict(parse_qsl(logged.partition("?")[2], keep_blank_values=True)) == shown
-    for secret in ("Abc123XyZ", "eyJ", "pa55w0rd", "Kq7Secret", "AKIA"):
-        assert secret not in logged
 
 
 def test_the_servers_show_guards_info_logs_unless_logging_is_configured(tmp_path: Path) -> None:
