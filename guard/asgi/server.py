@@ -32,7 +32,7 @@ from urllib.parse import unquote_plus
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from guard.engine.telemetry import credential_name
+from guard.engine.telemetry import credential_name, secret_shaped
 
 __all__ = [
     "DEFAULT_HEADER_TIMEOUT_S",
@@ -121,8 +121,7 @@ def server_options(header_timeout: float = DEFAULT_HEADER_TIMEOUT_S) -> dict[str
 
 
 class _QueryMask(logging.Filter):
-    """Masks uvicorn's access log line: the value of each query parameter named like a secret
-    (:func:`~guard.engine.telemetry.credential_name`) becomes ``[redacted]`` (``/v1?api_key=[redacted]&q=hi``), as the
+    """Masks uvicorn's access log line's query (:func:`masked_target`: ``/v1?api_key=[redacted]&q=hi``), as the
     decision log and review items show a query."""
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -133,16 +132,26 @@ class _QueryMask(logging.Filter):
 
 
 _QUERY_SEPARATOR = re.compile(r"([&;])")
+#: Fewest characters of a query value read for a secret's shape: no key prefix, token or URL password is shorter,
+#: and a head of many short values costs one check for the whole query, not one per value.
+SHAPED_VALUE_CHARS = 8
 
 
 def masked_target(target: str) -> str:
-    """A request target (``path?query``) with the values of secret-named query parameters ``[redacted]``; names,
-    other values and the path as they were sent."""
+    """A request target (``path?query``) with the value of each query parameter named like a secret
+    (:func:`~guard.engine.telemetry.credential_name`) or shaped like one (:func:`~guard.engine.telemetry.secret_shaped`:
+    a known key prefix, a JWT, a URL's password, ``Bearer <token>``) written ``[redacted]``; names, other values and
+    the path as they were sent. The values are read one by one only when the whole query, decoded, holds such a
+    shape, and then only those of at least :data:`SHAPED_VALUE_CHARS` characters."""
     path, _, query = target.partition("?")
+    shaped = secret_shaped(unquote_plus(query))
     parts = []
     for part in _QUERY_SEPARATOR.split(query):  # & and ; (some frameworks split on both), kept as sent
-        name, equals, _ = part.partition("=")
-        parts.append(f"{name}=[redacted]" if equals and credential_name(unquote_plus(name)) else part)
+        name, equals, value = part.partition("=")
+        if equals and (credential_name(unquote_plus(name)) or shaped and len(value) >= SHAPED_VALUE_CHARS
+                       and secret_shaped(unquote_plus(value))):
+            part = f"{name}=[redacted]"
+        parts.append(part)
     return f"{path}?{''.join(parts)}"
 
 

@@ -1215,6 +1215,12 @@ def _scrub_shapes(text: str, *, cards: bool = True, account_ids: bool = True) ->
     return _URL_SHAPE.sub(_url, text) if "://" in text else text
 
 
+def secret_shaped(text: str) -> bool:
+    """Whether ``text`` holds a value a secret's shape gives away (:func:`_scrub_shapes` masks something in it) or
+    reads as an ``Authorization`` value (:func:`credential_value`: ``Bearer <token>``)."""
+    return credential_value(text) or _scrub_shapes(text) != text
+
+
 def _key_but_account_id(key: re.Match[str]) -> str:
     """``[redacted]`` for a key :data:`_KEY_SHAPE` found, but a Twilio account SID (:data:`_ACCOUNT_SID`) as it is."""
     return key.group() if _ACCOUNT_SID.fullmatch(key.group()) else "[redacted]"

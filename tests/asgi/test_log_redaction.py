@@ -136,9 +136,19 @@ async def test_controls_in_a_path_cannot_start_a_log_line(make_guard: GuardFacto
         ("/v1/x?a=1;api_key=S2&b=2", "/v1/x?a=1;api_key=[redacted]&b=2"),  # ; separates parameters in some apps
         ("/v1/x?Api%5FKey=S3&key%5B%5D=S4&code=S5", "/v1/x?Api%5FKey=[redacted]&key%5B%5D=[redacted]&code=[redacted]"),
         ("/v1/x?q=a%3Bb&sort=asc", "/v1/x?q=a%3Bb&sort=asc"),  # values and names that are not secrets are kept
+        # values shaped like a secret under any name: a key prefix, a URL's password, a bearer token, a JWT
+        ("/cb?q=sk-proj-Abc123def456ghi789jkl&page=2", "/cb?q=[redacted]&page=2"),
+        ("/cb?redirect=https%3A%2F%2Fbob%3Apa55w0rd%40x.example%2F&id=7", "/cb?redirect=[redacted]&id=7"),
+        ("/cb?h=Bearer%20Zm9vYmFyYmF6cXV4MTIz&x=AKIAIOSFODNN7EXAMPLE", "/cb?h=[redacted]&x=[redacted]"),
+        ("/cb?t=eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl&fields=id,created_at,total",
+         "/cb?t=[redacted]&fields=id,created_at,total"),
+        # ordinary values beside a credential-named one stay as sent, and so do the names
+        ("/v1/orders?sort_key=created_at&fields=id,created_at,total&name=bob",
+         "/v1/orders?sort_key=[redacted]&fields=id,created_at,total&name=bob"),
     ],
 )
 def test_the_access_log_shows_a_target_with_credential_values_masked(target: str, shown: str) -> None:
+    """Values were masked by their parameter's name only: a token under ``q`` or ``redirect`` was logged as sent."""
     from guard.asgi.server import masked_target
 
     assert masked_target(target) == shown
