@@ -41,7 +41,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.types import Message, Scope, Send
@@ -67,6 +67,7 @@ from guard.engine import Guard, verdicts
 from guard.engine.ids import new_decision_id
 from guard.errors import BodyError
 from guard.policy import Policy
+from guard.policy.loader import policy_subjects
 from guard.policy.redact import apply_redactions
 from guard.subject import HttpSubject, body_strings
 from guard.verdict import Verdict
@@ -170,14 +171,18 @@ class ResponseJudge:
         send: the next ``send``. limits: read limits and the stream window. metrics: counters.
         headers: added to the application's ``http.response.start`` (the request's decision headers).
         cache_scope: the request's cache scope (its tenant; ``Guard.aevaluate(cache_scope=...)``), or ``None``.
+        views: policy id to the view of the request a watching policy matched where it is not ``request``
+            (:attr:`~guard.policy.loader.ViewMatch.views`): that policy judges the response with that path.
     """
 
     def __init__(
         self, guard: Guard, request: HttpSubject, watching: tuple[Policy, ...], send: Send, limits: BodyLimits,
         metrics: HttpMetrics, headers: HeaderList = (), *, cache_scope: str | None = None,
+        views: Mapping[str, HttpSubject] | None = None,
     ) -> None:
         self.guard, self.request, self.watching, self.send = guard, request, watching, send
         self.cache_scope = cache_scope
+        self.views = views or {}
         self.limits, self.metrics, self.extra = limits, metrics, headers
         self.mode = "start"  # start -> pass | whole | stream -> done
         self.policies: tuple[Policy, ...] = ()
@@ -629,7 +634,8 @@ class ResponseJudge:
     # Verdicts --------------------------------------------------------------------------------------------------
 
     async def _judge(self, subject: HttpSubject) -> Verdict:
-        verdict = await self.guard.aevaluate(subject, policies=self.policies, cache_scope=self.cache_scope)
+        verdict = await self.guard.aevaluate(subject, policies=self.policies, cache_scope=self.cache_scope,
+                                             views=policy_subjects(subject, self.views))
         self.metrics.count_response(verdict.policy_id or "", verdict.action)
         return verdict
 

@@ -55,7 +55,7 @@ import logging
 import operator
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -101,6 +101,7 @@ from guard.engine import Guard, verdicts
 from guard.engine.ids import new_decision_id
 from guard.errors import BodyError, StateTooLong
 from guard.policy import Policy, PolicyView
+from guard.policy.loader import ViewMatch, policy_subjects
 from guard.subject import HttpSubject
 from guard.verdict import Verdict
 
@@ -325,7 +326,7 @@ class GuardMiddleware:
         try:
             headers = header_map(scope)
             judged = judged_scope(scope, headers, self.method_override)
-            head, matched = self._match(judged, headers, view)
+            head, matched, views = self._match(judged, headers, view)
             body_override = (self.method_override != "ignore" and scope["method"] == "POST"
                              and may_carry_method(headers.get("content-type", "")))
             if body_override and not matched:  # a matched request's body is read, and its field checked, in _guard
@@ -333,7 +334,7 @@ class GuardMiddleware:
                 if found is None:
                     return
                 if found[0] is not judged:
-                    head, matched = self._match(found[0], headers, view)
+                    head, matched, views = self._match(found[0], headers, view)
                 judged, receive = found
             method = judged["method"].upper()
             body_since = None  # when guard began reading the body, if it did (the body's deadline counts from then)
@@ -343,7 +344,7 @@ class GuardMiddleware:
                 # on a method without body semantics any body counts (matched as a POST once one is found); on
                 # another method, only where a POST would be judged
                 as_post = None if method in BODYLESS_METHODS else self._match(posted, headers, view)
-                if as_post is None or as_post[1]:
+                if as_post is None or as_post.policies:
                     if has_body is None:  # HTTP/2 or 3 without Content-Length: the body itself says
                         body_since = time.monotonic()
                         peeked = await self._peek_body(receive, send, body_since)
@@ -354,14 +355,14 @@ class GuardMiddleware:
                         if self.unexpected_body == "refuse":
                             raise BodyError(400, "unexpected_body", f"a {method} request carries a body; send it "
                                             "with POST, PUT or PATCH", field="body")
-                        head, matched = as_post or self._match(posted, headers, view)
+                        head, matched, views = as_post or self._match(posted, headers, view)
         except BodyError as exc:
             await refuse_target(send, exc, self.metrics)
             return
         if not matched:
             await self.respond(scope, receive, send, method=head.method, policies=view, judged=False)
             return
-        await self._guard(scope, receive, send, head, matched, view, body_override=body_override,
+        await self._guard(scope, receive, send, head, matched, views, view, body_override=body_override,
                           body_since=body_since)
 
     async def _peek_body(self, receive: Receive, send: Send, since: float) -> tuple[bool, Receive] | None:
@@ -407,8 +408,7 @@ class GuardMiddleware:
             return
         await self.app(_app_scope(scope, (), judged=False), receive, send)
 
-    def _watching(self, scope: Scope, headers: dict[str, str],
-                  view: PolicyView) -> tuple[HttpSubject, tuple[Policy, ...]]:
+    def _watching(self, scope: Scope, headers: dict[str, str], view: PolicyView) -> ViewMatch:
         """The request and the response policies of ``view`` that judge its response, matched as :meth:`_match`
         matches request policies."""
         return self._on_path_views(scope, headers, view, watching=True)
@@ -428,7 +428,7 @@ class GuardMiddleware:
         as_judged = {**scope, "method": method} if method is not None else scope
         view = policies if policies is not None else self.guard.policies.view()
         request_headers = header_map(scope)
-        head, watching = self._watching(as_judged, request_headers, view)
+        head, watching, views = self._watching(as_judged, request_headers, view)
         cache_scope = None
         if watching:
             try:
@@ -440,7 +440,7 @@ class GuardMiddleware:
                 await self._refuse(send, head, watching[0], exc)
                 return
         judge = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics, headers,
-                              cache_scope=cache_scope) if watching else None
+                              cache_scope=cache_scope, views=views) if watching else None
         app_send = judge or (functools.partial(send_with_headers, send, headers) if headers else send)
         scope = _app_scope(scope, headers, judged=judged)
         response = (app or self.app)(watched_scope(scope) if judge else scope, receive, app_send)
@@ -475,15 +475,16 @@ class GuardMiddleware:
 
         await self.app(scope, replay, send)
 
-    def _match(self, scope: Scope, headers: dict[str, str], view: PolicyView) -> tuple[HttpSubject, tuple[Policy, ...]]:
-        """The subject and every policy of ``view`` that judges it (empty when none does)."""
+    def _match(self, scope: Scope, headers: dict[str, str], view: PolicyView) -> ViewMatch:
+        """The subject, every policy of ``view`` that judges it (empty when none does) and the views some of them
+        judge instead."""
         return self._on_path_views(scope, headers, view)
 
     def _on_path_views(
         self, scope: Scope, headers: dict[str, str], view: PolicyView, *, watching: bool = False
-    ) -> tuple[HttpSubject, tuple[Policy, ...]]:
+    ) -> ViewMatch:
         """The subject and the policies of ``view`` that match it (``watching``: watch it) on any of its path's
-        views (lower-cased, trailing slash removed, as configured; and as sent):
+        views (lower-cased, trailing slash removed, as configured; and as sent), each judged on the first it matches:
         :meth:`~guard.policy.PolicyView.matching_views`."""
         heads = [head_subject(scope, headers, self.client_header, path)
                  for path in path_views(scope["path"], fold=self._fold, strip=self._strip)]
@@ -506,9 +507,11 @@ class GuardMiddleware:
 
     async def _guard(
         self, scope: Scope, receive: Receive, send: Send, head: HttpSubject, matched: tuple[Policy, ...],
-        view: PolicyView, *, body_override: bool = False, body_since: float | None = None,
+        views: Mapping[str, HttpSubject], view: PolicyView, *, body_override: bool = False,
+        body_since: float | None = None,
     ) -> None:
-        """One matched request (``matched``: every policy of ``view`` that matches it, in match order), from body read to
+        """One matched request (``matched``: every policy of ``view`` that matches it, in match order, each judged on
+        ``head`` or, where it matched only another view of the path, on its view in ``views``), from body read to
         response; with ``body_override``, a POST whose body's ``_method`` field is checked first (under ``judge``
         the request is matched and judged again as the method it asks for). ``body_since``: the ``time.monotonic()``
         at which guard began reading the body (:meth:`_peek_body`), from which ``body_timeout_s`` counts; default
@@ -537,9 +540,9 @@ class GuardMiddleware:
             await self._refuse(send, head, verdicts.accountable(matched) or matched[0], exc)
             return
         if method is not None:
-            asked, asked_matched = self._match({**scope, "method": method}, headers, view)
+            asked, asked_matched, asked_views = self._match({**scope, "method": method}, headers, view)
             if asked_matched:
-                await self._guard(scope, ReplayReceive(body, receive), send, asked, asked_matched, view)
+                await self._guard(scope, ReplayReceive(body, receive), send, asked, asked_matched, asked_views, view)
                 return
             if method not in _BODY_METHODS and self.unexpected_body != "pass":  # as __call__ treats such a body
                 if self.unexpected_body == "refuse":
@@ -557,7 +560,7 @@ class GuardMiddleware:
             await release_on_resend(self, scope, receive, send, review_id.strip(), body, value)
             return
         # matched on the head already; with cache_per_tenant, each tenant's decisions are cached apart
-        verdict = await self.guard.aevaluate(subject, policies=matched,
+        verdict = await self.guard.aevaluate(subject, policies=matched, views=policy_subjects(subject, views),
                                              cache_scope=tenant if self.cache_per_tenant else None)
         self.metrics.count_request(verdict.policy_id or "", verdict.action)
         for policy_id in failed_open(verdict):
@@ -581,7 +584,8 @@ class GuardMiddleware:
             reads = functools.reduce(operator.or_, (p.http_reads for p in matched))  # bound to what any policy read
             if verdict.redactions:  # reviewers see the state the escalating policy renders from the masked request
                 policy = next(p for p in matched if p.id == verdict.policy_id)
-                verdict = dataclasses.replace(verdict, state=_state_of(policy, subject))
+                judged = policy_subjects(subject, views).get(policy.id, subject)
+                verdict = dataclasses.replace(verdict, state=_state_of(policy, judged))
             await hold(self, scope, send, subject, body, verdict, reads)
         else:
             policy = next(p for p in matched if p.id == verdict.policy_id)  # the policy whose rule handed off

@@ -80,7 +80,7 @@ async def explain(
         PolicyError: the file does not load. ValueError: the subject or the answers do not fit.
     """
     policies = with_timeout(load_text(read_policy_file(file), str(file)), timeout_s)
-    subject, matched = judged_subject(PolicySet(policies), subject_data)
+    subject, matched, views = judged_subject(PolicySet(policies), subject_data)
     if not matched:
         return {"policy": None, "matched": [], "verdict": {"action": "allow", "policy": None}, "error": None}
     if backend_factory is not None:
@@ -90,14 +90,16 @@ async def explain(
         backend = FixtureBackend(wire_answers(matched, answers or {}))
     guard = _guard(policies, backend)
     try:  # the backend stays open until the reports are built: a rule error asks it again
-        verdict = await guard.aevaluate(subject, policies=matched)
-        late = await late_shadow_verdicts(guard, subject, matched, verdict)
+        verdict = await guard.aevaluate(subject, policies=matched, views=views)
+        late = await late_shadow_verdicts(guard, subject, matched, verdict, views)
         own = {v.policy_id: v for v in (*(verdict.contributions or (verdict,)), *late)}
-        reports = [await _policy_report(policy, own[policy.id], subject, backend) for policy in matched]
+        reports = [await _policy_report(policy, own[policy.id], views.get(policy.id, subject), backend)
+                   for policy in matched]
     finally:
         await guard.aclose()
     decisive = next(r for r in reports if r["policy"]["id"] == verdict.policy_id)
     policy = next(p for p in matched if p.id == verdict.policy_id)
+    subject = views.get(policy.id, subject)  # the view the deciding policy judged
     fail_modes = {}
     engine_logger = logging.getLogger("guard.engine")
     level = engine_logger.level

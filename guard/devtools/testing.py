@@ -49,7 +49,7 @@ from guard.engine.cache import MemoryCache
 from guard.errors import BodyError, PolicyError
 from guard.policy._yaml import LineMap, load_yaml, read_policy_file
 from guard.policy._yaml import Path as KeyPath
-from guard.policy.loader import PolicyLoadError, PolicySet, load_text, validation_problem
+from guard.policy.loader import PolicyLoadError, PolicySet, load_text, policy_subjects, validation_problem
 from guard.policy.policy import Policy
 from guard.subject import AgentEvent, AgentSubject, HttpSubject, Subject, TurnMessage, body_strings
 from guard.systemone import QuestionV1
@@ -279,11 +279,14 @@ def _message(headers: Mapping[str, str], content_type: str, body: Any, body_text
     return {"headers": lowered, "content_type": media, "body": body, "body_text": text}
 
 
-def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Policy, ...]]:
-    """The subject an input stands for and every policy that decides it, matched as ``GuardMiddleware`` matches
+def judged_subject(
+    policies: PolicySet, data: Any
+) -> tuple[Subject, tuple[Policy, ...], Mapping[str, Subject]]:
+    """The subject an input stands for, every policy that decides it and, by policy id, the subject a policy judges
+    where it is not that one (``Guard.aevaluate(views=...)``), matched as ``GuardMiddleware`` matches
     with its defaults: an HTTP path made canonical (:func:`~guard.asgi._target.canonical_path`), then matched on its
     :func:`~guard.asgi._target.path_views` (trailing slash stripped and lower-cased, and as given: every policy that
-    matches one of them, :meth:`~guard.policy.PolicyView.matching_views`); with ``http.response``, the upstream's
+    matches one of them, judged on the first it matches, :meth:`~guard.policy.PolicyView.matching_views`); with ``http.response``, the upstream's
     response to that request, decided by the response policies that watch the request on one of its views and that
     match the response (read as :func:`_message` says; a
     streamed one, SSE, or JSON Lines or JSON given as ``body_text`` without a ``Content-Length``, and a Vercel AI SDK
@@ -296,13 +299,13 @@ def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Polic
     parsed = _parsed(data)
     subject = _subject(parsed)
     if not isinstance(subject, HttpSubject):
-        return subject, policies.matching(subject)
+        return subject, policies.matching(subject), {}
     response = parsed.http.response if parsed.http is not None else None
     views = [replace(subject, path=view, sent_path=subject.path if view != subject.path else "")
              for view in path_views(subject.path)]
-    head, found = policies.view().matching_views(views, watching=response is not None)
+    head, found, seen = policies.view().matching_views(views, watching=response is not None)
     if response is None:
-        return head, found
+        return head, found, seen
     judged = replace(head, phase="response", status=response.status,
                      **_message(response.headers, response.content_type, response.body, response.body_text))
     streamed = judged.content_type == "text/event-stream" or AI_DATA_STREAM_HEADER in judged.headers or (
@@ -311,7 +314,7 @@ def judged_subject(policies: PolicySet, data: Any) -> tuple[Subject, tuple[Polic
     raw = response.body if isinstance(response.body, str) else response.body_text
     if streamed and raw is not None:  # the middleware streams it: its events' pieces are joined
         judged = whole_stream_subject(judged, raw, BodyLimits())
-    return judged, tuple(p for p in found if p.matches(judged))
+    return judged, tuple(p for p in found if p.matches(judged)), policy_subjects(judged, seen)
 
 
 @dataclass
@@ -539,14 +542,14 @@ def wire_answers(policies: Sequence[Policy], answers: Mapping[str, Any]) -> dict
     return out
 
 
-async def late_shadow_verdicts(guard: Guard, subject: Subject, matched: Sequence[Policy],
-                               verdict: Verdict) -> tuple[Verdict, ...]:
-    """The own verdicts of the shadow policies in ``matched`` that ``verdict`` (``guard``'s for ``subject``) left
-    out: an enforced verdict does not wait for a shadow policy whose answers are not in yet (always the case next to
-    rules-only enforced policies), and production records that one as a decision of its own. Each is decided alone,
-    as that record is."""
+async def late_shadow_verdicts(guard: Guard, subject: Subject, matched: Sequence[Policy], verdict: Verdict,
+                               views: Mapping[str, Subject] | None = None) -> tuple[Verdict, ...]:
+    """The own verdicts of the shadow policies in ``matched`` that ``verdict`` (``guard``'s for ``subject``, each
+    policy judging its subject in ``views`` where it has one) left out: an enforced verdict does not wait for a shadow
+    policy whose answers are not in yet (always the case next to rules-only enforced policies), and production
+    records that one as a decision of its own. Each is decided alone, as that record is."""
     decided = {c.policy_id for c in (verdict.contributions or (verdict,))}
-    return tuple([await guard.aevaluate(subject, policies=[policy]) for policy in matched
+    return tuple([await guard.aevaluate(subject, policies=[policy], views=views) for policy in matched
                   if policy.mode == "shadow" and policy.id not in decided])
 
 
@@ -555,7 +558,7 @@ async def _run_case(
 ) -> tuple[Verdict | None, tuple[Verdict, ...], list[str]]:
     from guard.engine import Guard
 
-    subject, matched = judged_subject(PolicySet(policies), case.input.model_dump(exclude_none=True))
+    subject, matched, views = judged_subject(PolicySet(policies), case.input.model_dump(exclude_none=True))
     backend: DecisionBackend
     asks = any(policy.questions for policy in matched)  # rules-only policies never call a model
     if case.answers is not None or case.backend_error is not None or not asks:
@@ -568,8 +571,8 @@ async def _run_case(
     names = {p.backend or "default" for p in policies} | {"default"}
     guard = Guard(list(policies), backends=dict.fromkeys(names, backend), cache=MemoryCache())
     try:
-        verdict = await guard.aevaluate(subject, policies=matched)
-        late = await late_shadow_verdicts(guard, subject, matched, verdict)
+        verdict = await guard.aevaluate(subject, policies=matched, views=views)
+        late = await late_shadow_verdicts(guard, subject, matched, verdict, views)
     finally:
         await guard.aclose()
     # a case that names a shadow policy decided apart is compared with that policy's own decision, as recorded

@@ -271,7 +271,7 @@ class Guard:
         return self.policies.matching(subject)
 
     async def aevaluate(self, subject: Subject, *, policies: Sequence[Policy] | None = None,
-                        cache_scope: str | None = None) -> Verdict:
+                        cache_scope: str | None = None, views: Mapping[str, Subject] | None = None) -> Verdict:
         """Decide one subject. Never raises for backend, cache or rule trouble: each policy's fail mode decides.
 
         Args:
@@ -281,6 +281,10 @@ class Guard:
             cache_scope: keeps this decision's cache entries (and in-flight model calls) apart from those of other
                 scopes (:func:`~guard.engine.keys.scoped_key`): the request's tenant, so that one tenant cannot time
                 whether another sent the same text; ``None``: the entries every unscoped decision shares.
+            views: policy id to the subject that policy judges where it is not ``subject``: a request matched on
+                several views of its path judges each policy on the first view it matched
+                (:meth:`~guard.policy.PolicyView.matching_views`, :func:`~guard.policy.loader.policy_subjects`). The
+                decision is recorded with the subject the deciding policy judged.
 
         Returns:
             The :class:`Verdict`; ``allow`` with ``policy_id=None`` (and no model call) when no policy matches; when
@@ -291,18 +295,25 @@ class Guard:
         decision_id = new_decision_id()
         if policies is None:
             policies = self.policies.matching(subject)
+        views = views or {}
         if not self.telemetry.tracing:  # no span to start: no context manager either (part of every cache hit)
             return self._conclude(None, policies, subject,
-                                  *await self._decide_all(policies, subject, decision_id, started, cache_scope))
+                                  *await self._decide_all(policies, subject, decision_id, started, cache_scope, views),
+                                  views=views)  # fmt: skip
         with self.telemetry.span(subject) as span:
             return self._conclude(span, policies, subject,
-                                  *await self._decide_all(policies, subject, decision_id, started, cache_scope))
+                                  *await self._decide_all(policies, subject, decision_id, started, cache_scope, views),
+                                  views=views)  # fmt: skip
 
     def _conclude(
-        self, span: Any, policies: Sequence[Policy], subject: Subject, verdict: Verdict, lookup: Lookup | None
+        self, span: Any, policies: Sequence[Policy], subject: Subject, verdict: Verdict, lookup: Lookup | None, *,
+        views: Mapping[str, Subject] | None = None,
     ) -> Verdict:
-        """Record the decision (``span`` ``None``: none was started) under the policy that decided."""
+        """Record the decision (``span`` ``None``: none was started) under the policy that decided, with the subject
+        it judged (``views``: :meth:`aevaluate`'s)."""
         policy = next((p for p in policies if p.id == verdict.policy_id), None)
+        if views and policy is not None:
+            subject = views.get(policy.id, subject)
         return verdicts.record(
             self.telemetry, self.decision_log, verdict, subject, policy=policy, cache=lookup, span=span,
             matched=policies,
@@ -315,13 +326,15 @@ class Guard:
             return self._conclude(span, (policy,) if policy is not None else (), subject, verdict, None)
 
     async def _decide_all(
-        self, policies: Sequence[Policy], subject: Subject, decision_id: str, started: float, cache_scope: str | None
+        self, policies: Sequence[Policy], subject: Subject, decision_id: str, started: float, cache_scope: str | None,
+        views: Mapping[str, Subject],
     ) -> tuple[Verdict, Lookup | None]:
         if not policies:
             return verdicts.no_match(decision_id, _since(started)), None
         if len(policies) == 1:
-            return await self._decide(policies[0], subject, decision_id, started, cache_scope)
-        return await self._compose(tuple(policies), subject, decision_id, started, cache_scope)
+            return await self._decide(policies[0], views.get(policies[0].id, subject), decision_id, started,
+                                      cache_scope)  # fmt: skip
+        return await self._compose(tuple(policies), subject, decision_id, started, cache_scope, views)
 
     async def _decide(
         self, policy: Policy, subject: Subject, decision_id: str, started: float, cache_scope: str | None
@@ -366,30 +379,34 @@ class Guard:
 
     async def _compose(
         self, policies: tuple[Policy, ...], subject: Subject, decision_id: str, started: float,
-        cache_scope: str | None,
+        cache_scope: str | None, views: Mapping[str, Subject],
     ) -> tuple[Verdict, Lookup | None]:
         """Several matching policies: one request per :class:`~guard.engine.plan.Group` (started together), each
         policy waiting for its group's answers within its own timeout, then its own rules; then
         :func:`~guard.engine.verdicts.combined`. When an enforced policy matches, a shadow policy whose answers are not
         in once the enforced ones have decided is left out of the verdict and finishes in the background
-        (:meth:`_finish_shadow`, recorded apart under the same decision id; :meth:`drain` waits for it)."""
+        (:meth:`_finish_shadow`, recorded apart under the same decision id; :meth:`drain` waits for it). Each policy
+        judges its own subject (``views``, :meth:`aevaluate`'s): policies are grouped among those that judge the same
+        one."""
         loop = asyncio.get_running_loop()
         began = loop.time()
         own: dict[int, Verdict] = {}  # id(policy) -> its verdict
         lookups: list[Lookup] = []
-        plans = []
+        by_subject: dict[int, tuple[Subject, list[Plan]]] = {}  # id(subject) -> the plans of the policies judging it
         for policy in policies:
+            judged = views.get(policy.id, subject)
             try:
-                policy.check_repeated(subject)  # per policy: policies asked together may read different headers
-                plans.append(self._plan(policy))
+                policy.check_repeated(judged)  # per policy: policies asked together may read different headers
+                by_subject.setdefault(id(judged), (judged, []))[1].append(self._plan(policy))
             except Exception as exc:  # noqa: BLE001 - this policy's fail mode decides for it
-                own[id(policy)] = self._failed(policy, subject, exc, decision_id, started, None, {}, None)
-        asks: list[tuple[Group, Any, Any, dict[str, Any], CachedAnswers | asyncio.Future[Any] | None]] = []
+                own[id(policy)] = self._failed(policy, judged, exc, decision_id, started, None, {}, None)
+        asks: list[tuple[Group, Subject, Any, Any, dict[str, Any], CachedAnswers | asyncio.Future[Any] | None]] = []
         enforcing = any(policy.mode != "shadow" for policy in policies)
         large = carries_over(subject, INLINE_DECISION_CHARS)
         with self._background_lock:
             crowded = enforcing and len(self._background) >= MAX_BACKGROUND_SHADOW
-        for group in self._grouped(tuple(plans)):
+        grouped = [(judged, group) for judged, plans in by_subject.values() for group in self._grouped(tuple(plans))]
+        for judged, group in grouped:
             if crowded and group.questions and group.plans[0].policy.mode == "shadow":
                 # as many late shadow decisions as the cap are running: this one is not asked (groups split by mode)
                 logger.debug("shadow policies %s not asked: %d late shadow decisions running",
@@ -398,11 +415,11 @@ class Guard:
                     self.telemetry.shadow_skipped.add(1, {"guard.policy.id": plan.policy.id})
                 continue
             try:
-                raw, state, flags, key = await _run(large, group.prepare, subject, cache_scope)
+                raw, state, flags, key = await _run(large, group.prepare, judged, cache_scope)
                 key = scoped_key(key, cache_scope)
             except Exception as exc:  # noqa: BLE001 - a state too long (or a failing render) for every member
                 for plan in group.plans:
-                    own[id(plan.policy)] = self._failed(plan.policy, subject, exc, decision_id, started, None, {}, None)
+                    own[id(plan.policy)] = self._failed(plan.policy, judged, exc, decision_id, started, None, {}, None)
                 continue
             source: CachedAnswers | asyncio.Future[Any] | None = None  # None: rules only
             if group.questions:
@@ -411,7 +428,7 @@ class Guard:
                                                group.plans[0].backend)  # fmt: skip
                 except BackendUnavailable as exc:
                     for plan in group.plans:
-                        own[id(plan.policy)] = self._failed(plan.policy, subject, exc, decision_id, started, None, {},
+                        own[id(plan.policy)] = self._failed(plan.policy, judged, exc, decision_id, started, None, {},
                                                             None)  # fmt: skip
                     continue
                 source = self.cache.peek(key) if group.ttl > 0 else None
@@ -425,26 +442,26 @@ class Guard:
                         )
                     )
                     source.add_done_callback(_retrieve)
-            asks.append((group, raw, state, flags, source))
+            asks.append((group, judged, raw, state, flags, source))
         # Enforced policies first; a shadow policy never holds up the verdict of an enforced one: when any enforced
         # policy matched, a shadow policy whose answers are not in yet finishes in the background and is recorded
         # as a decision of its own when it does (same decision id).
-        late: list[tuple[Plan, Any, Any, dict[str, Any], asyncio.Future[Any]]] = []
+        late: list[tuple[Plan, Subject, Any, Any, dict[str, Any], asyncio.Future[Any]]] = []
         for shadow_pass in (False, True):
-            for group, raw, state, flags, source in asks:
+            for group, judged, raw, state, flags, source in asks:
                 for plan in group.plans:
                     if (plan.policy.mode == "shadow") != shadow_pass:
                         continue
                     if (shadow_pass and enforcing and isinstance(source, asyncio.Future) and not source.done()):
-                        late.append((plan, raw, state, flags, source))
+                        late.append((plan, judged, raw, state, flags, source))
                         continue
-                    verdict, lookup = await self._own(plan, subject, raw, state, flags, source, decision_id, started,
+                    verdict, lookup = await self._own(plan, judged, raw, state, flags, source, decision_id, started,
                                                       began)  # fmt: skip
                     own[id(plan.policy)] = verdict
                     if lookup is not None:
                         lookups.append(lookup)
-        for plan, raw, state, flags, source in late:
-            self._later(self._finish_shadow(plan, subject, raw, state, flags, source, decision_id, started, began))
+        for plan, judged, raw, state, flags, source in late:
+            self._later(self._finish_shadow(plan, judged, raw, state, flags, source, decision_id, started, began))
         decided = tuple(policy for policy in policies if id(policy) in own)
         contributions = [own[id(policy)] for policy in decided]
         verdict = verdicts.combined(decided, contributions, decision_id=decision_id, latency_ms=_since(started))

@@ -8,6 +8,7 @@ the message names the first.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import json
@@ -19,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pydantic
 
@@ -62,8 +63,8 @@ from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import ID_PATTERN, MAX_QUESTIONS, QuestionType, SystemOneRequestV1
 
 __all__ = [
-    "MAX_PROBLEMS", "FileStamp", "PolicyLoadError", "PolicySet", "PolicyView", "check_unique", "file_stamp", "load_files",
-    "load_text", "policy_digest", "validation_problem",
+    "MAX_PROBLEMS", "FileStamp", "PolicyLoadError", "PolicySet", "PolicyView", "ViewMatch", "check_unique", "file_stamp",
+    "load_files", "load_text", "policy_digest", "policy_subjects", "validation_problem",
 ]
 
 logger = logging.getLogger("guard.policy")
@@ -663,14 +664,13 @@ class PolicyView:
             return ()
         return tuple(p for p in self.response if p.watches(request))
 
-    def matching_views(
-        self, views: Sequence[HttpSubject], *, watching: bool = False
-    ) -> tuple[HttpSubject, tuple[Policy, ...]]:
+    def matching_views(self, views: Sequence[HttpSubject], *, watching: bool = False) -> ViewMatch:
         """One request seen in several views (the same request but for its path: the views of
         :func:`~guard.asgi._target.path_views`, lower-cased and without a trailing slash, then as sent): every policy
-        that matches (``watching``: watches) any view, each once, in match order, and the view judged: the first
-        that some policy matches, else the first. A policy whose globs match only the path as sent (an upper-case
-        glob) still decides, beside those that match the canonical view.
+        that matches (``watching``: watches) any view, each once, in match order, each judged on the first view that
+        it matches, whatever other policies match (a policy whose globs match only the path as sent, an upper-case
+        glob, decides on that path, beside those that match the canonical view); and the request's subject: the first
+        view that some policy matches, else the first.
 
         Raises:
             ValueError: ``views`` is empty.
@@ -681,9 +681,36 @@ class PolicyView:
         found = [find(view) for view in views]
         judged = next((view for view, policies in zip(views, found, strict=True) if policies), views[0])
         if len(found) == 1:
-            return judged, found[0]
-        hit = {id(policy) for policies in found for policy in policies}
-        return judged, tuple(p for p in (self.response if watching else self.policies) if id(p) in hit)
+            return ViewMatch(judged, found[0], {})
+        first: dict[int, HttpSubject] = {}  # id(policy) -> the first view it matches
+        for view, policies in zip(views, found, strict=True):
+            for policy in policies:
+                first.setdefault(id(policy), view)
+        matched = tuple(p for p in (self.response if watching else self.policies) if id(p) in first)
+        return ViewMatch(judged, matched, {p.id: first[id(p)] for p in matched if first[id(p)] is not judged})
+
+
+class ViewMatch(NamedTuple):
+    """What :meth:`PolicyView.matching_views` found.
+
+    Attributes:
+        subject: the request's subject: the first view some policy matches, else the first view.
+        policies: every policy that matches a view, in match order.
+        views: policy id to the view that policy is judged on, for each policy judged on another view than
+            ``subject`` (it matches only a later one); :func:`policy_subjects` applies it to a subject built later
+            from ``subject`` (with its body, or a response's).
+    """
+
+    subject: HttpSubject
+    policies: tuple[Policy, ...]
+    views: Mapping[str, HttpSubject]
+
+
+def policy_subjects(subject: HttpSubject, views: Mapping[str, HttpSubject]) -> dict[str, HttpSubject]:
+    """``subject`` (built from :attr:`ViewMatch.subject`) as each policy of ``views`` is judged on it: its path the
+    view's (``Guard.aevaluate(views=...)``)."""
+    return {policy_id: dataclasses.replace(subject, path=view.path, sent_path=view.sent_path)
+            for policy_id, view in views.items()}
 
 
 class PolicySet:

@@ -431,3 +431,65 @@ policies:
         other = await client.post("/v1/admin/users")
     assert (locked.status_code, locked.json()["policy"], locked.json()["rule"]) == (403, "admin_lockdown", "no_admin")
     assert other.json() == {"served": "/v1/admin/users"}
+
+
+@pytest.mark.anyio
+async def test_a_policy_matching_only_the_path_as_sent_is_judged_on_it_beside_a_catch_all() -> None:
+    """A policy whose glob matches only ``/Admin/users`` as sent was judged on the lower-cased view once a catch-all
+    matched that view too, so its ``^/Admin/`` rule never fired: 403 alone, 200 beside an unrelated policy."""
+    lockdown = """
+policies:
+  - id: r
+    version: 1
+    match: {http: {paths: ["/Admin/**"]}}
+    state: {route: path}
+    rules: [{id: mixed, when: 'state.route.matches("^/Admin/")', action: block}]
+"""
+    catch_all = """
+  - id: any
+    version: 1
+    match: {http: {}}
+    rules: [{id: never, when: 'subject.path == "/nothing-here"', action: block}]
+"""
+
+    async def served(request: Request) -> JSONResponse:
+        return JSONResponse({"served": request.url.path})
+
+    for text in (lockdown, lockdown + catch_all):
+        guard = Guard(PolicySet(load_text(text)), backends=ScriptedBackend(scripted_answers))
+        app = Starlette(routes=[Route("/{path:path}", served, methods=["GET"])],
+                        middleware=[Middleware(GuardMiddleware, guard=guard)])
+        async with client_for(app) as client:
+            locked = await client.get("/Admin/users")
+            other = await client.get("/admin/users")
+        assert (locked.status_code, locked.json()["policy"], locked.json()["rule"]) == (403, "r", "mixed"), text
+        assert other.json() == {"served": "/admin/users"}
+
+
+@pytest.mark.anyio
+async def test_a_response_policy_watching_only_the_path_as_sent_judges_the_response_on_it() -> None:
+    """As for requests: a response policy for ``/Admin/**`` judges ``/Admin/users``'s response with that path,
+    beside a catch-all response policy that watches the lower-cased view."""
+    policies = """
+policies:
+  - id: r
+    version: 1
+    match: {http: {paths: ["/Admin/**"], response: {}}}
+    rules: [{id: mixed, when: 'subject.path.startsWith("/Admin/")', action: block}]
+  - id: any
+    version: 1
+    match: {http: {response: {}}}
+    rules: [{id: never, when: 'subject.path == "/nothing-here"', action: block}]
+"""
+
+    async def served(request: Request) -> JSONResponse:
+        return JSONResponse({"served": request.url.path})
+
+    guard = Guard(PolicySet(load_text(policies)), backends=ScriptedBackend(scripted_answers))
+    app = Starlette(routes=[Route("/{path:path}", served, methods=["GET"])],
+                    middleware=[Middleware(GuardMiddleware, guard=guard)])
+    async with client_for(app) as client:
+        locked = await client.get("/Admin/users")
+        other = await client.get("/admin/users")
+    assert (locked.status_code, locked.json()["policy"], locked.json()["rule"]) == (403, "r", "mixed")
+    assert other.json() == {"served": "/admin/users"}

@@ -305,6 +305,43 @@ def test_test_fails_on_wrong_expectations_and_on_zero_cases(tmp_path: Path, caps
     assert "p_test.yaml:4: cases[0].expects: unknown key; did you mean 'expect'?" in capsys.readouterr().err
 
 
+_AS_SENT_LOCKDOWN = """policies:
+  - id: r
+    version: 1
+    match: {http: {paths: ["/Admin/**"]}}
+    state: {route: path}
+    rules: [{id: mixed, when: 'state.route.matches("^/Admin/")', action: block}]
+"""
+_CATCH_ALL = """policies:
+  - id: any
+    version: 1
+    match: {http: {}}
+    rules: [{id: never, when: 'subject.path == "/nothing-here"', action: block}]
+"""
+
+
+def test_a_policy_matching_only_the_path_as_sent_keeps_its_verdict_beside_a_catch_all(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``/Admin/**`` matches ``GET /Admin/users`` only as sent; a catch-all that matched the lower-cased view had it
+    judged on ``/admin/users`` too, so its block passed alone and failed with --set beside the catch-all."""
+    (tmp_path / "r.yaml").write_text(_AS_SENT_LOCKDOWN)
+    (tmp_path / "any.yaml").write_text(_CATCH_ALL)
+    (tmp_path / "r_test.yaml").write_text(
+        "cases:\n  - {name: admin, input: {http: {method: GET, path: /Admin/users}}, expect: {action: block, policy: r}}\n")
+    assert main(["policy", "test", str(tmp_path / "r.yaml")]) == 0
+    assert "1 passed, 0 failed" in capsys.readouterr().out
+    assert main(["policy", "test", "--set", str(tmp_path / "r.yaml"), str(tmp_path / "any.yaml")]) == 0
+    assert "1 passed, 0 failed" in capsys.readouterr().out
+    (tmp_path / "both.yaml").write_text(_AS_SENT_LOCKDOWN + _CATCH_ALL.removeprefix("policies:\n"))
+    subject = tmp_path / "subject.json"
+    subject.write_text(json.dumps({"http": {"method": "GET", "path": "/Admin/users"}}))
+    assert main(["policy", "explain", str(tmp_path / "both.yaml"), "--input", str(subject), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["verdict"]["action"], report["verdict"]["policy"]) == ("block", "r")
+    assert report["state"] == {"route": "/Admin/users"}
+
+
 def test_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     subject = tmp_path / "subject.json"
     subject.write_text(

@@ -9,6 +9,7 @@ import pytest
 from guard.errors import PolicyError
 from guard.policy import PolicySet, load_text
 from guard.policy._match import _fullmatch, compile_glob
+from guard.policy.loader import policy_subjects
 from guard.subject import AgentSubject, HttpSubject
 
 TEXT = """
@@ -146,12 +147,45 @@ policies:
   - {id: both, version: 1, match: {http: {paths: ["/**"]}}, rules: [{id: a, when: 'true', action: allow}]}
 """)).view()
     views = [http(path="/v1/admin/users"), http(path="/V1/Admin/users")]
-    judged, found = view.matching_views(views)
+    judged, found, own = view.matching_views(views)
     assert (judged.path, [p.id for p in found]) == ("/v1/admin/users", ["exact-admin", "general", "both"])
-    judged, found = view.matching_views([http(path="/v2/x")])
-    assert (judged.path, [p.id for p in found]) == ("/v2/x", ["both"])
+    assert {policy_id: subject.path for policy_id, subject in own.items()} == {"exact-admin": "/V1/Admin/users"}
+    judged, found, own = view.matching_views([http(path="/v2/x")])
+    assert (judged.path, [p.id for p in found], own) == ("/v2/x", ["both"], {})
     with pytest.raises(ValueError, match="at least one view"):
         view.matching_views([])
+
+
+def test_each_policy_is_judged_on_the_first_view_it_matches_whatever_else_is_loaded() -> None:
+    """A policy that matches only the path as sent was judged on the lower-cased view once any other policy (a
+    catch-all) matched that view: adding an unrelated policy turned its block into an allow."""
+    alone = PolicySet(load_text(_ADMIN_AS_SENT)).view()
+    both = PolicySet(load_text(_ADMIN_AS_SENT + _CATCH_ALL)).view()
+    views = [http(path="/admin/users", sent_path="/Admin/users"), http(path="/Admin/users")]
+    for view in (alone, both):
+        judged, found, own = view.matching_views(views)
+        subjects = {p.id: own.get(p.id, judged) for p in found}
+        assert subjects["r"].path == "/Admin/users"
+        assert subjects["r"].sent_path == ""
+    assert both.matching_views(views).subject.path == "/admin/users"  # the catch-all matched the first view
+    with_body = policy_subjects(http(path="/admin/users", sent_path="/Admin/users", body={"a": 1}), own)
+    assert [(k, s.path, s.sent_path, s.body) for k, s in with_body.items()] == [("r", "/Admin/users", "", {"a": 1})]
+
+
+_ADMIN_AS_SENT = """
+policies:
+  - id: r
+    version: 1
+    match: {http: {paths: ["/Admin/**"]}}
+    state: {route: path}
+    rules: [{id: mixed, when: 'state.route.matches("^/Admin/")', action: block}]
+"""
+_CATCH_ALL = """
+  - id: any
+    version: 1
+    match: {http: {}}
+    rules: [{id: never, when: 'subject.path == "/nothing-here"', action: block}]
+"""
 
 
 @pytest.mark.parametrize(("glob", "separator", "text", "matched"), [
