@@ -23,6 +23,7 @@ __all__ = [
     "AgentSubject",
     "HttpSubject",
     "Subject",
+    "ToolEffect",
     "TurnMessage",
     "body_strings",
     "body_text_of",
@@ -34,6 +35,7 @@ __all__ = [
 ]
 
 AgentEvent = Literal["tool_call", "tool_result", "model_input", "model_output"]
+ToolEffect = Literal["read_only", "side_effecting", "unknown"]
 
 PLAIN_KEY_CHARS = 24
 """Longest object key or form field name left out of the judged text when it is a plain identifier."""
@@ -253,7 +255,7 @@ class AgentSubject:
     text: str | None = None
     thread_id: str | None = None
     history: tuple[TurnMessage, ...] = ()
-    tool_effect: Literal["read_only", "side_effecting", "unknown"] = "unknown"
+    tool_effect: ToolEffect = "unknown"
     kind: Literal["agent"] = "agent"
 
 

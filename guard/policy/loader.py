@@ -55,6 +55,7 @@ from guard.policy.rules import (
     answer_literal_errors,
     compile_condition,
     field_reads,
+    fixed_value_errors,
     header_name_errors,
     rule_patterns,
     subject_fields,
@@ -255,6 +256,7 @@ def _compile(
     state_fields = _state(spec, problem)
     state_shapes = _state_shapes(spec, state_fields)
     state_names = _state_names(state_shapes)
+    state_sources = _state_sources(state_shapes)
     fixed = _fixed_names(spec)
     rules = []
     seen_rules: set[str] = set()
@@ -278,7 +280,8 @@ def _compile(
         patterns, pattern_problems = rule_patterns(rule.when, file_spec.data)
         for reason in pattern_problems:
             problem(("rules", i, "when"), reason)
-        for reason in [*answer_literal_errors(rule.when, wires, file_spec.data), *header_name_errors(rule.when)]:
+        for reason in [*answer_literal_errors(rule.when, wires, file_spec.data), *header_name_errors(rule.when),
+                       *fixed_value_errors(rule.when, state_sources)]:
             problem(("rules", i, "when"), reason)
             literal_errors.add(rule.id)
         outcome = _outcome(rule, ("rules", i), file_spec, problem)
@@ -373,6 +376,25 @@ def _state_names(shapes: list[tuple[StateField, ...]]) -> dict[str, Any]:
         for name, under in _field_names(shape).items():
             merged[name] = {**(merged.get(name) or {}), **under} if isinstance(under, dict) else under
     return merged
+
+
+def _state_sources(shapes: list[tuple[StateField, ...]]) -> dict[tuple[str, ...], str]:
+    """Each state field's path (``("m",)`` for ``state.m``, ``("a", "b")`` for a nested one) to the source it reads,
+    where every state the policy may render (:func:`_state_shapes`) reads that source there and gives no default
+    (which it may hold instead): what :func:`~guard.policy.rules.fixed_value_errors` checks literals against."""
+    found: dict[tuple[str, ...], str | None] = {}
+
+    def walk(fields: tuple[StateField, ...], at: tuple[str, ...]) -> None:
+        for one in fields:
+            path = (*at, one.name)
+            if one.children:
+                walk(one.children, path)
+            source = one.source if one.default is None else None
+            found[path] = source if found.get(path, source) == source else None
+
+    for shape in shapes:
+        walk(shape, ())
+    return {path: source for path, source in found.items() if source is not None}
 
 
 def _subject_classes(spec: PolicySpec) -> list[type]:

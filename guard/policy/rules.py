@@ -41,7 +41,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import cel
 
@@ -52,6 +52,7 @@ from guard.policy._re2 import CANDIDATE_MAX_MEM, Pattern, compile_re2, matcher
 from guard.policy.normalize import FLAG_NAMES as NORMALIZE_FLAG_NAMES
 from guard.policy.normalize import unique_key
 from guard.policy.redact import Redactor
+from guard.subject import AgentEvent, ToolEffect
 from guard.systemone import AnswerV1, QuestionType, QuestionV1, shown_id
 from guard.verdict import Action
 
@@ -73,6 +74,7 @@ __all__ = [
     "compile_condition",
     "data_value",
     "field_reads",
+    "fixed_value_errors",
     "header_name_errors",
     "rule_context",
     "rule_inputs",
@@ -763,15 +765,81 @@ def _dotted(source: str, masked: str) -> tuple[str, str]:
 
 def _option_literals(masked: str, name: str) -> list[tuple[int, int]]:
     """Spans of the string literals a ``when`` compares ``name``'s choice with or indexes its probabilities by."""
-    spans = []
-    for pattern in (_START + name + rf"choice\s*(?:==|!=)\s*{_MASKED_STRING}" + _END,
-                    _START + rf"{_MASKED_STRING}\s*(?:==|!=)\s*" + name + r"choice" + _END,
-                    name + rf"probabilities\s*\[\s*{_MASKED_STRING}\s*\]"):
-        spans += [m.span(1) for m in re.finditer(pattern, masked)]
-    for listed in re.finditer(_START + name + r"choice\s+in\s*\[([^\]]*)\]" + _END, masked):
-        offset = listed.start(1)
-        spans += [(offset + m.start(), offset + m.end()) for m in re.finditer(_MASKED_STRING, listed.group(1))]
+    spans = [span for _, span in _compared_literals(masked, name + "choice")]
+    spans += [m.span(1) for m in re.finditer(name + rf"probabilities\s*\[\s*{_MASKED_STRING}\s*\]", masked)]
     return spans
+
+
+_AFFIX_CALLS = ("startsWith", "endsWith", "contains")
+
+
+def _compared_literals(masked: str, operand: str, *, calls: bool = False) -> list[tuple[str, tuple[int, int]]]:
+    """The string literals a ``when`` (:func:`_masked`) compares ``operand`` (a pattern of the whole operand) with,
+    each with how: ``"=="`` (``==`` or ``!=`` on either side, or one of an ``in [...]`` list) and, with ``calls``,
+    the method of :data:`_AFFIX_CALLS` whose whole argument it is (``operand.startsWith("x")``)."""
+    found = []
+    for pattern in (_START + operand + rf"\s*(?:==|!=)\s*{_MASKED_STRING}" + _END,
+                    _START + rf"{_MASKED_STRING}\s*(?:==|!=)\s*" + operand + _END):
+        found += [("==", m.span(1)) for m in re.finditer(pattern, masked)]
+    for listed in re.finditer(_START + operand + r"\s+in\s*\[([^\]]*)\]" + _END, masked):
+        offset = listed.start(1)
+        found += [("==", (offset + m.start(), offset + m.end())) for m in re.finditer(_MASKED_STRING, listed.group(1))]
+    if calls:
+        call = rf"(?<![\w.]){operand}\s*\.\s*({'|'.join(_AFFIX_CALLS)})\s*\(\s*{_MASKED_STRING}\s*\)"
+        found += [(m.group(1), m.span(2)) for m in re.finditer(call, masked)]
+    return found
+
+
+#: What guard's subjects always hold in these fields (and a state field read from the source of the same name):
+#: ``upper``/``lower``-case text, or one of a few values.
+FIXED_VALUES: dict[str, str | tuple[str, ...]] = {
+    "method": "upper",
+    "content_type": "lower",
+    "host": "lower",
+    "event": get_args(AgentEvent),
+    "tool_effect": get_args(ToolEffect),
+}
+_HOW_SAID = {"==": "is", "startsWith": "starts with", "endsWith": "ends with", "contains": "contains"}
+
+
+def fixed_value_errors(source: str, state_sources: Mapping[tuple[str, ...], str] | None = None) -> list[str]:
+    """String literals a ``when`` compares (``==``, ``!=``, ``in [...]``, ``startsWith``, ``endsWith``,
+    ``contains``) with a value guard normalises or takes from a fixed set (:data:`FIXED_VALUES`), which no request
+    or agent event ever matches: ``subject.method == "post"`` (methods are upper-case), ``subject.host ==
+    "API.example.com"`` and ``subject.content_type`` (lower-case), ``subject.event == "toolcall"``, ``call.effect``
+    and ``subject.tool_effect == "sideeffecting"`` (fixed names), and the same for a state field read from one of
+    those sources (``state_sources``: a state field's path, ``("m",)`` for ``state.m``, to its source). Each error
+    says what to write. A literal with an escape is not checked."""
+    masked = _masked(source)
+    operands = [(f"subject.{name}", ("subject", name), name) for name in FIXED_VALUES]
+    operands.append(("call.effect", ("call", "effect"), "tool_effect"))
+    operands += [("state." + ".".join(path), ("state", *path), source_name)
+                 for path, source_name in (state_sources or {}).items() if source_name in FIXED_VALUES]
+    out = []
+    for shown, steps, kind in operands:
+        operand = r"(?<![\w.])" + r"\s*\.\s*".join(re.escape(step) for step in steps) + r"(?![\w])"
+        for how, (start, end) in _compared_literals(masked, operand, calls=True):
+            value = source[start + 1 : end - 1]
+            if "\\" in value:
+                continue
+            values = FIXED_VALUES[kind]
+            said = f"compares {shown} with {source[start:end]}, which it never {_HOW_SAID[how]}"
+            if values == "upper" and value != value.upper():
+                out.append(f"{said}: {shown} is upper-case; write {value.upper()!r}")
+            elif values == "lower" and value != value.lower():
+                out.append(f"{said}: {shown} is lower-case; write {value.lower()!r}")
+            elif isinstance(values, tuple) and not any(_holds(how, one, value) for one in values):
+                out.append(f"{said}: {shown} is one of {', '.join(values)}; check the spelling")
+    return out
+
+
+def _holds(how: str, value: str, literal: str) -> bool:
+    """Whether ``value`` ``how`` (:func:`_compared_literals`) ``literal``."""
+    if how == "==":
+        return value == literal
+    if how == "contains":
+        return literal in value
+    return value.startswith(literal) if how == "startsWith" else value.endswith(literal)
 
 
 def _padded(dotted: str, end: int) -> int:

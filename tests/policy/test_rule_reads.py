@@ -203,3 +203,81 @@ def test_policy_check_reports_it(tmp_path: Path, capsys: pytest.CaptureFixture[s
         f"{path}:14: policies[0].rules[0].when: reads state.txt, but the state has no field 'txt'; known names: "
         "limits, meta, text"
     )
+
+
+FIXED = """
+policies:
+  - id: h
+    version: 1
+    match: {http: {}}
+    state: {m: method, ct: content_type, nested: {fields: {h: host}}, named: {from: host, default: Unknown}}
+    rules: [{id: r, when: WHEN, action: block}]
+    default: allow
+  - id: a
+    version: 1
+    match: {agent: {}}
+    state: {ev: event}
+    rules: [{id: r, when: AGENT, action: block}]
+    default: allow
+"""
+
+
+_EVENTS = "one of tool_call, tool_result, model_input, model_output; check the spelling"
+_EFFECTS = "one of read_only, side_effecting, unknown; check the spelling"
+
+
+@pytest.mark.parametrize(
+    ("when", "agent", "reason"),
+    [
+        ('subject.method == "post"', "", ("subject.method with \"post\", which it never is: subject.method is "
+         "upper-case; write 'POST'")),
+        ('"Get" != subject.method', "", ("subject.method with \"Get\", which it never is: subject.method is "
+         "upper-case; write 'GET'")),
+        ('state.m in ["POST", "put"]', "", ("state.m with \"put\", which it never is: state.m is upper-case; "
+         "write 'PUT'")),
+        ('state.ct == "Application/JSON"', "", ("state.ct with \"Application/JSON\", which it never is: "
+         "state.ct is lower-case; write 'application/json'")),
+        ('subject.content_type.startsWith("Text/")', "", ("subject.content_type with \"Text/\", which it "
+         "never starts with: subject.content_type is lower-case; write 'text/'")),
+        ('subject.host == "API.example.com"', "", ("subject.host with \"API.example.com\", which it never "
+         "is: subject.host is lower-case; write 'api.example.com'")),
+        ('state.nested.h.endsWith(".Example.com")', "", ("state.nested.h with \".Example.com\", which it "
+         "never ends with: state.nested.h is lower-case; write '.example.com'")),
+        ("", 'subject.event == "toolcall"', f'subject.event with "toolcall", which it never is: subject.event is {_EVENTS}'),
+        ("", 'state.ev in ["tool_call", "tool-result"]', f'state.ev with "tool-result", which it never is: state.ev is {_EVENTS}'),
+        ("", 'call.effect == "sideeffecting"', f'call.effect with "sideeffecting", which it never is: call.effect is {_EFFECTS}'),
+        ("", 'subject.tool_effect.startsWith("side-")', ("subject.tool_effect with \"side-\", which it never starts "
+         f"with: subject.tool_effect is {_EFFECTS}")),
+    ],
+)
+def test_a_literal_that_a_normalised_or_fixed_value_never_is_is_refused(when: str, agent: str, reason: str) -> None:
+    """Methods are upper-case, media types and hosts lower-case, events and tool effects a few fixed names: a rule
+    comparing one (or a state field read from one) with another spelling never held, yet loaded."""
+    text = FIXED.replace("WHEN", repr(when or "false")).replace("AGENT", repr(agent or "false"))
+    with pytest.raises(PolicyError) as info:
+        load_text(text, "p.yaml")
+    assert (info.value.line, info.value.key) == ((7, "policies[0].rules[0].when") if when
+                                                 else (13, "policies[1].rules[0].when"))
+    assert info.value.reason == f"compares {reason}"
+
+
+@pytest.mark.parametrize("when", [
+    'subject.method == "POST" || state.m in ["PUT", "M-SEARCH"] || subject.method.startsWith("P")',
+    'state.ct == "application/json" || subject.host.endsWith(".example.com") || state.nested.h != "a.b"',
+    'state.named == "Unknown"',  # a field with a default may hold it
+    'subject.path == "/Admin" || subject.headers["x-mode"] == "POST" || state.ct == "a\\u0041"',
+    'subject.method + "x" == "postx"',  # not the whole operand: not read
+])
+def test_a_literal_a_normalised_value_may_be_loads(when: str) -> None:
+    assert load_text(FIXED.replace("WHEN", repr(when)).replace("AGENT", repr(
+        'subject.event == "tool_call" && call.effect in ["read_only", "side_effecting"] && state.ev != "model_input"')))
+
+
+def test_check_names_the_file_line_and_key_of_a_literal_a_method_never_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "m.yaml"
+    policy.write_text(FIXED.replace("WHEN", repr('subject.method == "post"')).replace("AGENT", "'false'"))
+    assert main(["policy", "check", str(policy)]) == 1
+    assert (f"{policy}:7: policies[0].rules[0].when: compares subject.method with \"post\", which it never is: "
+            "subject.method is upper-case; write 'POST'") in capsys.readouterr().err
