@@ -297,3 +297,44 @@ def test_the_subject_types_rules_are_checked_against_are_read_once(monkeypatch: 
     one = "  - {id: p%d, version: '1', match: {http: {}}, rules: [{id: r, when: 'subject.path == \"/x\"', action: block}]}\n"
     load_text("policies:\n" + "".join(one % i for i in range(40)))
     assert len(calls) < 40
+
+
+CONSTANT = """
+data: {t: 0.2, enabled: true}
+policies:
+  - id: c
+    version: 1
+    match: {http: {methods: [POST]}}
+    state: {text: body_text}
+    rules:
+      - {id: first, when: 'state.text == "evil"', action: block}
+      - {id: r, when: WHEN, action: block}
+      - {id: after, when: 'state.text == "worse"', action: block}
+"""
+
+
+@pytest.mark.parametrize(("when", "line", "message"), [
+    ("data.t > 0.5", 10, "'data.t > 0.5' is always false (it reads only literals and data): the rule never fires"),
+    ("false", 10, "'false' is always false (it reads only literals and data): the rule never fires"),
+    ("data.enabled && 1 > 2", 10,
+     "'data.enabled && 1 > 2' is always false (it reads only literals and data): the rule never fires"),
+    ("true", 11, ("the rule is never reached: rule 'r' before it fires on every request ('true' reads only literals "
+     "and data, and is always true)")),
+    ("data.t < 0.5", 11, ("the rule is never reached: rule 'r' before it fires on every request ('data.t < 0.5' reads "
+     "only literals and data, and is always true)")),
+])
+def test_a_rule_that_reads_only_literals_and_data_never_fires_or_hides_the_rules_after_it(
+    when: str, line: int, message: str
+) -> None:
+    """Such a rule is the same on every request: always false, it never fired and loaded; always true, the rules
+    after it never ran (the first rule that holds decides) and loaded too."""
+    with pytest.raises(PolicyError) as info:
+        load_text(CONSTANT.replace("WHEN", repr(when)), "c.yaml")
+    assert (info.value.line, info.value.reason) == (line, message)
+
+
+def test_an_always_true_rule_last_loads() -> None:
+    """A catch-all ``true`` as the last rule decides what no rule before it did: it hides nothing."""
+    (policy,) = load_text(CONSTANT.replace("WHEN", "'state.text == \"bad\"'").replace(
+        "      - {id: after, when: 'state.text == \"worse\"', action: block}", "      - {id: rest, when: 'true', action: allow}"))
+    assert [rule.id for rule in policy.rules] == ["first", "r", "rest"]
