@@ -174,7 +174,9 @@ class HttpSubject:
 
     def with_body(self, body: Any, body_text: str | None = None, **changes: Any) -> HttpSubject:
         """A copy with ``body`` and its ``body_text`` (``None``: made from ``body``, :func:`body_text_of`), and the
-        other fields ``changes`` names."""
+        other fields ``changes`` names. What belongs to the old body alone, ``form_string`` and ``deltas``, is empty
+        unless ``changes`` names it."""
+        changes = {"form_string": "", "deltas": (), **changes}
         return replace(self, body=body, body_text=body_text_of(body) if body_text is None else body_text, **changes)
 
     @property

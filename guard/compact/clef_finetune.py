@@ -4,8 +4,8 @@
 runs once per record under ``inference_mode`` to get its final hidden states (the layer §3.4 of the Clef runtime
 specification names, ``docs/clef.md``); only :class:`~guard.clef.head.JointSchemaHead` is trained, in float32, with
 the same loss as the compact model (label-smoothed cross-entropy + Brier, :func:`~guard.compact.train.soft_loss`),
-seeded, with validation and early stopping. ``DIR`` receives the new ``joint_head.safetensors`` (in the checkpoint's dtype) and a copy of
-``joint_head_config.json``; every other release file is linked (symlink) to the base checkpoint, so ``DIR`` loads
+seeded, with validation and early stopping. ``DIR`` receives the new ``joint_head.safetensors`` (in the checkpoint's
+dtype) and a copy of ``joint_head_config.json``; every other release file is linked (symlink) to the base checkpoint, so ``DIR`` loads
 with ``ClefModel.from_pretrained`` like a release.
 
 Hidden states of all records are kept in memory (``(L, H)`` per record on the model's device); for large sets run it

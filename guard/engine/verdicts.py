@@ -249,8 +249,8 @@ def combined(
     """The verdict of several matching policies from each one's own verdict (``contributions[i]`` is
     ``policies[i]``'s): the one that decides is the first by
 
-    1. its action's place in :data:`~guard.verdict.ACTIONS` (block > escalate > handoff > redact > allow; a shadow policy's verdict
-       allows);
+    1. its action's place in :data:`~guard.verdict.ACTIONS` (block > escalate > handoff > redact > allow; a shadow
+       policy's verdict allows);
     2. then, among equal actions, an enforced policy's verdict before a shadow one's (a shadow policy never decides
        what the client or the metrics see; it decides only when every matching policy is shadow), then the shadow
        action's place (among shadow verdicts, one that would block shows over one that would allow), then a fail

@@ -54,8 +54,8 @@ def test_a_settled_handoff_is_recorded_and_counted(harness: Any, thread: Any, an
 @pytest.mark.parametrize("fail_mode", ["closed", "open", "escalate"])
 def test_a_handoff_that_fails_takes_its_fail_modes_action_from_the_engines_one_table(harness: Any, thread: Any,
                                                                                     fail_mode: str) -> None:
-    """The fail mode's action was written twice, in the agent judge and in the engine's verdicts; a handoff that
-    fails now takes it from the engine's :data:`~guard.engine.verdicts.FAIL_ACTIONS`."""
+    """A handoff that fails takes its fail mode's action from the engine's one table,
+    :data:`~guard.engine.verdicts.FAIL_ACTIONS`: closed blocks, open allows, escalate escalates."""
     h = harness()
     malformed = json.dumps({"decision": "deny", "reason": "r" * 1500})
     agent = make_agent(h, Turn(calls=[("pay", {"amount": 50, "to": "reviewer"}, "a")]),
@@ -63,7 +63,8 @@ def test_a_handoff_that_fails_takes_its_fail_modes_action_from_the_engines_one_t
     drive(agent, USER, thread(), "invoke")
     [settled] = [json.loads(line) for line in h.lines if json.loads(line).get("kind") == "handoff_outcome"]
     assert settled["outcome"] == "failed" and settled["fail_mode"] == fail_mode
-    assert settled["action"] == FAIL_ACTIONS[fail_mode]  # type: ignore[index]
+    assert settled["action"] == FAIL_ACTIONS[fail_mode] == {"closed": "block", "open": "allow", "escalate": "escalate"}[
+        fail_mode]
 
 
 def test_a_failed_handoffs_error_is_scrubbed_of_secrets_as_a_decisions_is() -> None:

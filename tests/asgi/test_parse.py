@@ -437,9 +437,9 @@ def test_a_form_value_json_reads_leniently_is_not_refused() -> None:
 
 
 def test_a_subject_given_another_body_has_that_bodys_text() -> None:
-    """``body_text`` is made from ``body`` when the subject is built; ``dataclasses.replace`` with another body kept
-    the old text, so a policy judged the first body's words. ``with_body`` makes the new body's text (or takes the
-    one given) and keeps every other field."""
+    """``body_text`` is made from ``body`` when the subject is built; ``with_body`` makes the new body's text (or
+    takes the one given), leaves out what belonged to the old body alone (its form as sent, a stream window's
+    pieces) and keeps every other field."""
     from guard.subject import HttpSubject
 
     subject = HttpSubject(method="POST", path="/a", body={"q": "hello"}, headers={"x-a": "1"})
@@ -448,3 +448,6 @@ def test_a_subject_given_another_body_has_that_bodys_text() -> None:
     assert changed.headers == {"x-a": "1"} and changed.path == "/a"
     given = subject.with_body("text", "text and what a parser reads", status=200)
     assert given.body_text == "text and what a parser reads" and given.status == 200
+    form = HttpSubject(method="POST", path="/a", body={"q[": ["x"]}, form_string="q[=]=x", deltas=(("a", "b"),))
+    assert (form.with_body({"q": ["ok"]}).form_string, form.with_body({"q": ["ok"]}).deltas) == ("", ())
+    assert form.with_body({"q": ["ok"]}, form_string="q=ok").form_string == "q=ok"
