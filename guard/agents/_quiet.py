@@ -24,6 +24,9 @@ from langgraph.constants import TAG_NOSTREAM
 
 __all__ = ["quiet_model", "quiet_tokens", "quiet_tool"]
 
+#: The ``configurable`` key through which LangGraph hands a run's stream to a graph run inside one of its nodes.
+_PARENT_STREAM = "__pregel_stream"
+
 
 def _streams_outputs(handler: Any) -> bool:
     """Whether a callback handler passes a run's outputs on to a client as they come: LangChain's event and log
@@ -131,17 +134,26 @@ def quiet_model(model: Any, enabled: bool) -> Any:
 def quiet_tool(runtime: Any, enabled: bool) -> Iterator[None]:
     """Within the block, the tool call whose ``ToolRuntime`` is ``runtime`` reports to its handlers as
     :func:`quiet_tokens` makes them (none that streams outputs), so ``astream_events``/``astream_log`` do not carry its
-    output (``on_tool_end``) before guard judged it. A ``ToolNode`` invokes the tool with the config of the call's
-    runtime, so its ``callbacks`` are swapped in that config for the block (the runtime is the call's own: each call
-    of a ``ToolNode`` gets a config of its own) and put back after. Nothing changes when not ``enabled``, or without a
-    runtime config that holds callbacks."""
+    output (``on_tool_end``) before guard judged it, and a graph it runs (a sub-agent) does not write its chunks into
+    the parent run's stream (``stream(..., subgraphs=True)``: LangGraph passes that stream to a graph run inside a
+    node through ``configurable["__pregel_stream"]``). A ``ToolNode`` invokes the tool with the config of the call's
+    runtime, so its ``callbacks`` are swapped in that config for the block, and its ``configurable`` for a copy
+    without that key (every other key, the checkpointer and the checkpoint namespace included, stays as it is); both
+    are put back after (the runtime is the call's own: each call of a ``ToolNode`` gets a config of its own).
+    Nothing changes when not ``enabled``, or without a runtime config."""
     config = getattr(runtime, "config", None)
-    if not enabled or not isinstance(config, dict) or config.get("callbacks") is None:
+    if not enabled or not isinstance(config, dict):
         yield
         return
-    callbacks = config["callbacks"]
-    config["callbacks"] = _without_streams(callbacks)
+    callbacks, configurable = config.get("callbacks"), config.get("configurable")
+    if callbacks is not None:
+        config["callbacks"] = _without_streams(callbacks)
+    if isinstance(configurable, dict) and _PARENT_STREAM in configurable:
+        config["configurable"] = {k: v for k, v in configurable.items() if k != _PARENT_STREAM}
     try:
         yield
     finally:
-        config["callbacks"] = callbacks
+        if callbacks is not None:
+            config["callbacks"] = callbacks
+        if isinstance(configurable, dict):
+            config["configurable"] = configurable

@@ -217,6 +217,36 @@ def test_a_tool_whose_output_may_be_withheld_reports_to_no_streaming_handler(har
     assert streaming.outputs == [] and any("SECRETMARK" in o for o in own.outputs)
 
 
+@pytest.mark.parametrize("policy_mode", ["enforce", "shadow"])
+def test_a_sub_agent_streams_into_the_parents_stream_only_where_no_enforced_policy_may_withhold_it(
+    harness: Any, thread: Any, policy_mode: str
+) -> None:
+    """``stream(..., subgraphs=True)`` carries the chunks of a graph a tool runs (a sub-agent) unless an enforced
+    ``tool_result`` policy may withhold the tool's output; a shadow policy withholds nothing, so they stream."""
+    import dataclasses
+
+    from guard.engine import Guard
+    from guard.policy import load_files
+    from tests.agents.conftest import POLICIES
+    from tests.agents.test_tool_node import STREAM_MODES, _sub_agent_tools
+
+    h = harness()
+    if policy_mode == "shadow":
+        h.guard.close()
+        policies = load_files(POLICIES)
+        h.guard = Guard([dataclasses.replace(p, mode="shadow") if p.id == "agent-results" else p for p in policies],
+                        backends=h.backend)
+    agent = make_agent(h, Turn(calls=[("research", {"question": "q"}, "c1")]), tools=_sub_agent_tools(f"{INJECTION} SECRETMARK"))
+    config = thread()
+    chunks = list(agent.stream(USER, config, stream_mode=STREAM_MODES, subgraphs=True))
+    leaked = {stream_mode for ns, stream_mode, c in chunks if ns and "SECRETMARK" in repr(c)}
+    if policy_mode == "enforce":
+        assert "withheld by guard policy agent-results" in agent.get_state(config).values["messages"][2].text
+        assert leaked == set() and not [c for c in chunks if "SECRETMARK" in repr(c)]
+    else:
+        assert {"updates", "messages", "custom"} <= leaked
+
+
 @pytest.mark.anyio
 async def test_injected_tool_result_can_be_quoted_as_data(harness: Any, thread: Any) -> None:
     h = harness()

@@ -605,3 +605,93 @@ def test_a_list_of_decisions_is_refused_while_several_per_call_reviews_are_pendi
     decisions = {i["id"]: {"type": "approve" if i["tool_call_id"] == "a" else "reject"} for i in out.items()}
     out = drive(graph, resume_command(graph.get_state(config).interrupts, decisions), config, "invoke")
     assert h.runs.calls == [("pay", {"amount": 500, "to": "eve"})] and not out.interrupts
+
+
+STREAM_MODES = ["values", "updates", "messages", "custom", "debug", "tasks", "checkpoints"]
+
+
+def _sub_agent_tools(text: str) -> list[Any]:
+    """``research`` and ``aresearch``: tools that run a sub-agent (an inner graph whose model replies ``text`` and
+    writes it to the custom stream), synchronously and not."""
+    from langgraph.config import get_stream_writer
+
+    def sub_model(state: MessagesState) -> dict[str, Any]:
+        get_stream_writer()({"progress": text})
+        return {"messages": [model(Turn(text=text)).invoke(state["messages"])]}
+
+    inner = StateGraph(MessagesState)
+    inner.add_node("sub_model", sub_model)
+    inner.add_edge(START, "sub_model")
+    inner.add_edge("sub_model", END)
+    sub_agent = inner.compile()
+
+    @tool
+    def research(question: str) -> str:
+        """Ask the research sub-agent."""
+        return sub_agent.invoke({"messages": [("user", question)]})["messages"][-1].text
+
+    @tool
+    async def aresearch(question: str) -> str:
+        """Ask the research sub-agent."""
+        return (await sub_agent.ainvoke({"messages": [("user", question)]}))["messages"][-1].text
+
+    return [research, aresearch]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["stream", "astream"])
+@pytest.mark.parametrize("early", [False, True])
+async def test_a_sub_agent_whose_output_may_be_withheld_streams_nothing_into_the_parents_stream(
+    harness: Any, thread: Any, mode: str, early: bool
+) -> None:
+    """A tool that runs a graph (a sub-agent) under an enforced ``tool_result`` policy: with ``subgraphs=True`` the
+    client's stream gets none of the inner graph's chunks in any mode (LangGraph hands the parent's stream to it
+    through the config), so the output guard withholds reaches the client only as guard's notice."""
+    h = harness()
+    tools = _sub_agent_tools(f"{INJECTION} SECRETMARK")
+    if early:
+        _declared(tools, research=READ_ONLY, aresearch=READ_ONLY)
+    name = "research" if mode == "stream" else "aresearch"
+    graph, config = build(h, Turn(calls=[(name, {"question": "q"}, "c1")]), tools=tools, side_effecting_tools=["pay"]), thread()
+    if mode == "stream":
+        chunks = list(graph.stream(USER, config, stream_mode=STREAM_MODES, subgraphs=True))
+        messages = graph.get_state(config).values["messages"]
+    else:
+        chunks = [c async for c in graph.astream(USER, config, stream_mode=STREAM_MODES, subgraphs=True)]
+        messages = (await graph.aget_state(config)).values["messages"]
+    assert "withheld by guard policy agent-results (rule injected)" in messages[2].text
+    assert not [c for c in chunks if "SECRETMARK" in repr(c)]
+    assert any(ns == () and stream_mode == "updates" and "tools" in c for ns, stream_mode, c in chunks)
+
+
+def test_a_sub_agent_that_interrupts_resumes_under_a_tool_result_policy(harness: Any, thread: Any) -> None:
+    """The inner graph of a tool whose output may be withheld keeps the parent's checkpointer: its ``interrupt()``
+    pauses the run, its state is saved under the tool's task, and the resume completes it."""
+    from langgraph.types import interrupt
+
+    def ask_user(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [("ai", f"the user said {interrupt('which file?')}")]}
+
+    inner = StateGraph(MessagesState)
+    inner.add_node("ask_user", ask_user)
+    inner.add_edge(START, "ask_user")
+    inner.add_edge("ask_user", END)
+    sub_agent = inner.compile()
+
+    @tool
+    def research(question: str) -> str:
+        """Ask the research sub-agent."""
+        return sub_agent.invoke({"messages": [("user", question)]})["messages"][-1].text
+
+    h = harness()
+    graph, config = build(h, Turn(calls=[("research", {"question": "q"}, "c1")]), tools=[research]), thread()
+    chunks = list(graph.stream(USER, config, stream_mode=["updates"], subgraphs=True))
+    assert any("__interrupt__" in c for _, _, c in chunks)
+    assert [i.value for i in graph.get_state(config).interrupts] == ["which file?"]
+    inner = [  # the inner graph's checkpoints, under the tool's task
+        c.checkpoint["channel_values"].get("messages") for c in graph.checkpointer.list(config)
+        if c.config["configurable"]["checkpoint_ns"].startswith("tools:")
+    ]
+    assert any(messages and messages[0].text == "q" for messages in inner)
+    out = graph.invoke(Command(resume="notes.txt"), config)
+    assert out["messages"][2].text == "the user said notes.txt"
