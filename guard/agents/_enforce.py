@@ -118,21 +118,39 @@ logger = logging.getLogger("guard.agents")
 _SENT_TASK = "__pregel_push"
 #: The ``configurable`` key of LangGraph's per-task scratchpad, where ``interrupt()`` finds its resume values.
 _SCRATCHPAD = "__pregel_scratchpad"
+#: The ``configurable`` key LangGraph sets on the first step of a resumed run (``Command`` or ``None`` input), whose
+#: tasks include those that stopped on an interrupt, answered or not.
+_RESUMING = "__pregel_resuming"
 
 
-def _resuming() -> bool:
-    """Whether this task runs again to resume an interrupt (LangGraph holds a resume value for it: the answer to a
-    review of its call, or to its tool's own ``interrupt()``). ``False`` outside a graph run; ``True`` when the task's
-    scratchpad cannot be read (so nothing starts before its verdict)."""
+def _configurable() -> dict[str, Any] | None:
+    """The ``configurable`` of the graph task this runs in; ``None`` outside a graph run."""
     try:
-        configurable = get_config().get("configurable") or {}
+        return get_config().get("configurable") or {}
     except RuntimeError:  # not inside a graph run
+        return None
+
+
+def _answered() -> bool:
+    """Whether this task runs again with an answer to an interrupt it asked (LangGraph holds a resume value for it:
+    the answer to a review of its call, or to its tool's own ``interrupt()``). ``False`` outside a graph run; ``True``
+    when the task's scratchpad cannot be read."""
+    configurable = _configurable()
+    if configurable is None:
         return False
     scratchpad = configurable.get(_SCRATCHPAD)
     try:
         return bool(scratchpad.resume) or scratchpad.get_null_resume(False) is not None
     except (AttributeError, TypeError):
         return True
+
+
+def _resuming() -> bool:
+    """Whether this task may run again after an interrupt: it holds an answer (:func:`_answered`), or it runs in the
+    first step of a resumed run, where a task whose review is still unanswered (another was answered) runs again
+    too. ``False`` outside a graph run."""
+    configurable = _configurable()
+    return configurable is not None and (bool(configurable.get(_RESUMING)) or _answered())
 
 
 def _holds_tool_message(value: Any) -> bool:
@@ -619,8 +637,8 @@ class ToolCallEnforcer:
 
     def run(self, request: ToolCallRequest, handler: SyncHandler, *, reviewed: bool = False) -> Result:
         """Judge the call, then run, block, route or escalate it (blocking). ``ToolNode``'s ``wrap_tool_call``. A
-        tool that may start early (:meth:`_speculative`) runs while the call is judged, unless the task resumes an
-        interrupt (the run that asked for the review started it).
+        tool that may start early (:meth:`_speculative`) runs while the call is judged, unless the task may run again
+        after an interrupt (:func:`_resuming`: the run that asked for a review started it).
         ``reviewed``: a reviewer outside guard released this call. It is claimed once before it runs (under the call
         the model's turn holds, :meth:`claim_key`), as is a call whose arguments differ from that one: a wrapper
         listed before this one changed it, as a per-call ``HumanInTheLoopMiddleware`` edit does without a trace in
@@ -639,8 +657,10 @@ class ToolCallEnforcer:
             judgement, early, started = self._judge_speculating(prepared, handler)
             prepared = replace(prepared, ran_early=started)
         else:
-            # a resumed call that may start early started in the run that asked for its review
-            prepared = replace(prepared, ran_early=speculative)
+            # no early start where the task may run again; only an answered call is known to have started (in the
+            # run that asked for its review): another task of a resumed run's first step may never have run (the
+            # graph stopped before its node), so its notice does not say it ran
+            prepared = replace(prepared, ran_early=speculative and _answered())
             judgement = self.judge.judge(prepared.subject)
         return self.settle(prepared, judgement, handler, early)
 
@@ -755,8 +775,10 @@ class ToolCallEnforcer:
             judgement, early, started = await self._ajudge_speculating(prepared, handler)
             prepared = replace(prepared, ran_early=started)
         else:
-            # a resumed call that may start early started in the run that asked for its review
-            prepared = replace(prepared, ran_early=speculative)
+            # no early start where the task may run again; only an answered call is known to have started (in the
+            # run that asked for its review): another task of a resumed run's first step may never have run (the
+            # graph stopped before its node), so its notice does not say it ran
+            prepared = replace(prepared, ran_early=speculative and _answered())
             judgement = await self.judge.ajudge(prepared.subject)
         return await self.asettle(prepared, judgement, handler, early)
 

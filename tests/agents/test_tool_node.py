@@ -37,10 +37,11 @@ def build(
     extra_nodes: dict[str, Any] | None = None,
     tools: list[Any] | None = None,
     messages_key: str = "messages",
+    interrupt_before: list[str] | None = None,
     **options: Any,
 ) -> Any:
     """The model / guarded tool node loop; ``messages_key``: the state key of the conversation (``routing`` must
-    read it too)."""
+    read it too); ``interrupt_before``: nodes the graph stops before (LangGraph's static interrupts)."""
     chat = model(*turns)
     state_schema: Any = (
         MessagesState
@@ -61,7 +62,7 @@ def build(
     graph.add_edge(START, "model")
     graph.add_conditional_edges("model", routing, ["tools", END])
     graph.add_edge("tools", "model")
-    return graph.compile(checkpointer=InMemorySaver())
+    return graph.compile(checkpointer=InMemorySaver(), interrupt_before=interrupt_before)
 
 
 MIXED = Turn(
@@ -307,6 +308,48 @@ async def test_an_escalated_read_only_call_starts_early_once_and_never_on_its_re
         assert h.runs.count() == 1
         assert "not executed" not in message.text and "so it ran; its output was withheld" in message.text
         assert message.additional_kwargs["lc_data"]["ran_early"] is True
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_answering_one_of_two_reviews_never_starts_the_other_read_only_call_again(
+    harness: Any, thread: Any, mode: str
+) -> None:
+    """Both read-only calls start early and are escalated. Answering one resumes the run, whose first step runs the
+    other call's task again to ask anew: it does not start again. Answered in turn, its notice says it ran."""
+    h = harness(delay=0.02)
+    tools = _declared(h.tools, pay=READ_ONLY)
+    turn = Turn(calls=[("pay", {"amount": 500, "to": "bob"}, "a"), ("pay", {"amount": 600, "to": "ann"}, "b")])
+    graph, config = build(h, turn, tools=tools, side_effecting_tools=["refund"]), thread()
+    out = await run(graph, USER, config, mode)
+    assert h.runs.count() == 2 and len(out.interrupts) == 2
+    first = out.interrupts[0]
+    reject = {"type": "reject", "message": "no"}
+    out = await run(graph, resume_command([first], {item["id"]: reject for item in first.value["items"]}), config, mode)
+    assert h.runs.count() == 2 and len(out.interrupts) == 1
+    out = await run(graph, resume_command(out.interrupts, {item["id"]: reject for item in out.items()}), config, mode)
+    assert h.runs.count() == 2 and not out.interrupts
+    for message in out.tool_messages().values():
+        assert "so it ran; its output was withheld" in message.text
+        assert message.additional_kwargs["lc_data"]["ran_early"] is True
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_a_read_only_call_after_a_static_interrupt_never_claims_it_ran(harness: Any, thread: Any, mode: str) -> None:
+    """A graph stopped before its tools node (``interrupt_before``) resumes with ``None``: the read-only call first
+    runs on the resumed run's first step, so it waits for its verdict, and blocked, its notice says it did not run."""
+    h = harness()
+    tools = _declared(h.tools, pay=READ_ONLY)
+    turn = Turn(calls=[("pay", {"amount": 5, "to": "mallory"}, "c1")])
+    graph = build(h, turn, tools=tools, side_effecting_tools=["refund"], interrupt_before=["tools"])
+    config = thread()
+    await run(graph, USER, config, mode)
+    assert h.runs.count() == 0
+    out = await run(graph, None, config, mode)
+    message = out.tool_messages()["c1"]
+    assert h.runs.count() == 0 and "was not executed" in message.text
+    assert "ran_early" not in message.additional_kwargs["lc_data"]
 
 
 @pytest.mark.anyio
