@@ -309,8 +309,9 @@ class ToolCallEnforcer:
         """Whether ``prepared``'s tool may start while the guard decides: ``side_effecting_tools`` is a list that does
         not name it, and its effect is ``read_only`` as every policy matching the call reads it (the policy's
         ``tools`` entry, else the tool's metadata, :func:`~guard.agents._arguments.tool_effect`; the metadata alone
-        when none matches). A side-effecting tool, or one whose effect is unknown, waits for its verdict."""
-        if self.side_effecting is None or prepared.tool in self.side_effecting:
+        when none matches). A side-effecting tool, or one whose effect is unknown, waits for its verdict, as does a
+        call whose arguments the tool refuses (:meth:`_refuses`: it would not run, so nothing starts)."""
+        if self.side_effecting is None or prepared.tool in self.side_effecting or self._refuses(prepared):
             return False
         declared = prepared.subject.tool_effect
         policies = self.judge.guard.matching(prepared.subject)
@@ -431,8 +432,8 @@ class ToolCallEnforcer:
 
     @staticmethod
     def _refuses(prepared: Prepared) -> bool:
-        """Whether the tool refuses the edited call's arguments (its call schema does not validate them), so it never
-        ran; ``False`` when that cannot be told (no tool, a schema that is not a pydantic model)."""
+        """Whether the tool refuses the call's arguments (its call schema does not validate them), so it does not
+        run; ``False`` when that cannot be told (no tool, a schema that is not a pydantic model)."""
         schema = getattr(prepared.request.tool, "tool_call_schema", None)
         if not isinstance(schema, type) or not issubclass(schema, BaseModel):
             return False

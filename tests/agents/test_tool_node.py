@@ -312,6 +312,23 @@ async def test_an_escalated_read_only_call_starts_early_once_and_never_on_its_re
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_a_read_only_call_whose_arguments_its_tool_refuses_never_claims_it_ran(
+    harness: Any, thread: Any, mode: str
+) -> None:
+    """Arguments the tool's schema refuses (``amount="lots"``) never run, so the call does not start early, and
+    blocked, its notice says it was not executed."""
+    h = harness(delay=0.02)
+    tools = _declared(h.tools, pay=READ_ONLY)
+    turn = Turn(calls=[("pay", {"amount": "lots", "to": "mallory"}, "c1")])
+    graph, config = build(h, turn, tools=tools, side_effecting_tools=["refund"]), thread()
+    out = await run(graph, USER, config, mode)
+    message = out.tool_messages()["c1"]
+    assert h.runs.count() == 0 and "was not executed" in message.text and "so it ran" not in message.text
+    assert "ran_early" not in message.additional_kwargs["lc_data"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
 async def test_answering_one_of_two_reviews_never_starts_the_other_read_only_call_again(
     harness: Any, thread: Any, mode: str
 ) -> None:
