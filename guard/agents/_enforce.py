@@ -421,14 +421,23 @@ class ToolCallEnforcer:
         return msgs.blocked(prepared.tool, prepared.tool_call_id, judgement.verdict, reason, ran_early=prepared.ran_early)
 
     def _annotate(self, result: Result, prepared: Prepared) -> Result:
+        """An edited call's tool message with the edit's notice before its content, and ``lc_data["ran_early"]``
+        where the original call started before its verdict; any other result as it is."""
         if not prepared.edited or not isinstance(result, ToolMessage):
             return result
         refused = result.status == "error" and self._refuses(prepared)
         notice = msgs.edit_notice(prepared.tool, prepared.arguments, refused=refused, ran_early=prepared.ran_early)
+        update: dict[str, Any] = {}
+        if prepared.ran_early:
+            data = result.additional_kwargs.get("lc_data")
+            data = {**(data if isinstance(data, dict) else {}), "ran_early": True}
+            update["additional_kwargs"] = {**result.additional_kwargs, "lc_data": data}
         if isinstance(result.content, str):
             joint = "\n" if refused else "\n\nTool response:\n"
-            return result.model_copy(update={"content": f"{notice}{joint}{result.content}"})
-        return result.model_copy(update={"content": [{"type": "text", "text": notice}, *result.content]})
+            update["content"] = f"{notice}{joint}{result.content}"
+        else:
+            update["content"] = [{"type": "text", "text": notice}, *result.content]
+        return result.model_copy(update=update)
 
     @staticmethod
     def _refuses(prepared: Prepared) -> bool:

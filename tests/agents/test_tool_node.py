@@ -312,6 +312,24 @@ async def test_an_escalated_read_only_call_starts_early_once_and_never_on_its_re
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_a_read_only_call_edited_after_it_started_says_so_in_its_metadata(harness: Any, thread: Any, mode: str) -> None:
+    """The escalated call started early; a reviewer's edit runs another call, and the edited call's message says in
+    its notice and in ``lc_data["ran_early"]`` that the original ran."""
+    h = harness(delay=0.05)
+    tools = _declared(h.tools, pay=READ_ONLY)
+    graph, config = build(h, Turn(calls=[("pay", {"amount": 500, "to": "bob"}, "c1")]), tools=tools, side_effecting_tools=["refund"]), thread()
+    out = await run(graph, USER, config, mode)
+    assert h.runs.count() == 1 and len(out.interrupts) == 1
+    answers = {item["id"]: {"type": "edit", "arguments": {"amount": 50, "to": "bob"}} for item in out.items()}
+    out = await run(graph, resume_command(out.interrupts, answers), config, mode)
+    message = out.tool_messages()["c1"]
+    assert h.runs.calls[-1] == ("pay", {"amount": 50, "to": "bob"}) and "paid 50 to bob" in message.text
+    assert "so it ran; its output was withheld" in message.text
+    assert message.additional_kwargs["lc_data"]["ran_early"] is True
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
 async def test_a_read_only_call_whose_arguments_its_tool_refuses_never_claims_it_ran(
     harness: Any, thread: Any, mode: str
 ) -> None:
