@@ -428,3 +428,32 @@ def test_backend_failure_escalates_tool_calls_by_default(harness: Any, thread: A
     assert item["rule"] == "on_error" and item["fail_mode"] == "escalate" and "unavailable" in (item["error"] or "")
     drive(agent, Command(resume={"decisions": {item["id"]: {"type": "approve"}}}), config, "invoke")
     assert h.runs.count() == 1
+
+
+def test_only_a_call_judged_on_the_spot_may_start_before_its_verdict(harness: Any, thread: Any) -> None:
+    """With ``side_effecting_tools`` leaving a read-only tool out, a call judged with the model's turn still waits
+    for its verdict (blocked, it never ran); a call a wrapper listed before guard rewrote is judged on the spot in the
+    tools node and starts while it is judged (blocked, its notice says it ran)."""
+    from langchain.agents.middleware import AgentMiddleware
+
+    class Rewrite(AgentMiddleware):
+        def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+            return handler(request.override(tool_call={**request.tool_call, "args": {"path": "secret.txt"}}))
+
+    for rewrite, path in ((False, "secret.txt"), (True, "notes.txt")):
+        h = harness()
+        for t in h.tools:
+            if t.name == "read_file":
+                t.metadata = {"guard_effect": "read_only"}
+        guard = GuardAgentMiddleware(guard=h.guard, side_effecting_tools=["pay"])
+        turn = Turn(calls=[("read_file", {"path": path}, "r")])
+        agent = create_agent(model(turn), h.tools, middleware=[*([Rewrite()] if rewrite else []), guard],
+                             checkpointer=InMemorySaver())
+        out = agent.invoke({"messages": [("user", "read my notes")]}, thread())
+        message = next(m for m in out["messages"] if m.type == "tool")
+        assert "blocked by guard policy agent-tools" in message.text
+        if rewrite:
+            assert h.runs.calls == [("read_file", {"path": "secret.txt"})]
+            assert "so it ran" in message.text and message.additional_kwargs["lc_data"]["ran_early"] is True
+        else:
+            assert h.runs.count() == 0 and "was not executed" in message.text
