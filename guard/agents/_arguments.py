@@ -42,6 +42,7 @@ __all__ = [
     "classify_arguments",
     "cut_off",
     "empty_arguments_problem",
+    "guard_effect",
     "parse_calls",
     "required_parameters",
     "shape_problem",
@@ -385,17 +386,26 @@ def _mark_id_problems(calls: Sequence[ParsedCall]) -> list[ParsedCall]:
 EFFECT_METADATA_KEY = "guard_effect"
 
 
+def guard_effect(tool: BaseTool | None) -> Literal["read_only", "side_effecting", "unknown"]:
+    """What the application declared ``tool`` does: ``metadata["guard_effect"]`` when it is ``"read_only"`` or
+    ``"side_effecting"``, else ``"unknown"`` (MCP annotations are not read: a server sets them, and the MCP spec
+    calls those of an untrusted server untrusted)."""
+    metadata = getattr(tool, "metadata", None)
+    declared = metadata.get(EFFECT_METADATA_KEY) if isinstance(metadata, Mapping) else None
+    return declared if declared in ("read_only", "side_effecting") else "unknown"  # type: ignore[return-value]
+
+
 def tool_effect(tool: BaseTool | None) -> Literal["read_only", "side_effecting", "unknown"]:
-    """What ``tool``'s metadata says it does: ``metadata["guard_effect"]`` when it is ``"read_only"`` or
-    ``"side_effecting"``, else the MCP tool annotations that ``langchain-mcp-adapters`` copies into the metadata
-    (``readOnlyHint: true`` -> read-only; ``destructiveHint: true`` or ``readOnlyHint: false`` -> side-effecting);
-    ``"unknown"`` when it says nothing (no tool, no metadata, or other values)."""
+    """What ``tool``'s metadata says it does: :func:`guard_effect` when it says, else the MCP tool annotations that
+    ``langchain-mcp-adapters`` copies into the metadata (``readOnlyHint: true`` -> read-only; ``destructiveHint:
+    true`` or ``readOnlyHint: false`` -> side-effecting); ``"unknown"`` when it says nothing (no tool, no metadata,
+    or other values)."""
+    declared = guard_effect(tool)
+    if declared != "unknown":
+        return declared
     metadata = getattr(tool, "metadata", None)
     if not isinstance(metadata, Mapping):
         return "unknown"
-    declared = metadata.get(EFFECT_METADATA_KEY)
-    if declared in ("read_only", "side_effecting"):
-        return declared  # type: ignore[return-value]
     if metadata.get("destructiveHint") is True or metadata.get("readOnlyHint") is False:
         return "side_effecting"
     if metadata.get("readOnlyHint") is True:

@@ -39,6 +39,7 @@ from guard.agents._arguments import (
     arguments_digest,
     classify_arguments,
     empty_arguments_problem,
+    guard_effect,
     parse_calls,
     tool_effect,
 )
@@ -308,12 +309,13 @@ class ToolCallEnforcer:
     def _speculative(self, prepared: Prepared) -> bool:
         """Whether ``prepared``'s tool may start while the guard decides: ``side_effecting_tools`` is a list that does
         not name it, and its effect is ``read_only`` as every policy matching the call reads it (the policy's
-        ``tools`` entry, else the tool's metadata, :func:`~guard.agents._arguments.tool_effect`; the metadata alone
-        when none matches). A side-effecting tool, or one whose effect is unknown, waits for its verdict, as does a
-        call whose arguments the tool refuses (:meth:`_refuses`: it would not run, so nothing starts)."""
+        ``tools`` entry, else the application's ``guard_effect`` metadata, :func:`~guard.agents._arguments.guard_effect`;
+        that metadata alone when none matches). An MCP server's ``readOnlyHint`` does not count here (the server
+        sets it). A side-effecting tool, or one whose effect is unknown, waits for its verdict, as does a call whose
+        arguments the tool refuses (:meth:`_refuses`: it would not run, so nothing starts)."""
         if self.side_effecting is None or prepared.tool in self.side_effecting or self._refuses(prepared):
             return False
-        declared = prepared.subject.tool_effect
+        declared = guard_effect(prepared.request.tool)
         policies = self.judge.guard.matching(prepared.subject)
         effects = {resolved_effect(policy.tools, prepared.tool, declared) for policy in policies} or {declared}
         return effects == {"read_only"}

@@ -224,13 +224,15 @@ async def test_read_only_tools_may_start_early_side_effecting_ones_never(harness
 @pytest.mark.anyio
 @pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
 @pytest.mark.parametrize(
-    "metadata", [{"guard_effect": "side_effecting"}, {"destructiveHint": True}, {"readOnlyHint": False}, None]
+    "metadata",
+    [{"guard_effect": "side_effecting"}, {"destructiveHint": True}, {"readOnlyHint": False}, {"readOnlyHint": True}, None],
 )
 async def test_a_tool_not_known_read_only_never_starts_before_its_verdict(
     harness: Any, thread: Any, mode: str, metadata: dict[str, Any] | None
 ) -> None:
-    """``side_effecting_tools`` lists some tools; a tool it leaves out whose metadata says it acts (or says nothing)
-    still waits for its verdict: blocked, it never ran, as the notice says."""
+    """``side_effecting_tools`` lists some tools; a tool it leaves out whose metadata says it acts (or says nothing,
+    or only an MCP server's ``readOnlyHint`` says it reads: the server sets that) still waits for its verdict:
+    blocked, it never ran, as the notice says."""
     h = harness()
     tools = _declared(h.tools, delete_all_records=metadata) if metadata is not None else h.tools
     turn = Turn(calls=[("delete_all_records", {}, "d")])
@@ -239,6 +241,31 @@ async def test_a_tool_not_known_read_only_never_starts_before_its_verdict(
     assert h.runs.count("delete_all_records") == 0
     message = out.tool_messages()["d"]
     assert "was not executed" in message.text and "ran_early" not in message.additional_kwargs["lc_data"]
+
+
+def test_a_policy_declaring_a_tool_read_only_lets_it_start_early(harness: Any, thread: Any) -> None:
+    """The policy's ``tools`` says read-only (the tool's metadata says nothing, or only an MCP hint): it starts while
+    the guard decides, and blocked, its notice says it ran."""
+    import dataclasses
+
+    from guard.engine import Guard
+    from guard.policy import load_files
+    from guard.policy.provenance import ToolSpec
+    from tests.agents.conftest import POLICIES
+
+    h = harness(delay=0.02)
+    h.guard.close()
+    policies = [
+        dataclasses.replace(p, tools={**p.tools, "delete_all_records": ToolSpec(effect="read_only")})
+        if p.id == "agent-tools" else p
+        for p in load_files(POLICIES)
+    ]
+    h.guard = Guard(policies, backends=h.backend)
+    tools = _declared(h.tools, delete_all_records={"readOnlyHint": True})
+    graph, config = build(h, Turn(calls=[("delete_all_records", {}, "d")]), tools=tools, side_effecting_tools=["pay"]), thread()
+    out = drive(graph, USER, config, "invoke")
+    message = out.tool_messages()["d"]
+    assert h.runs.count() == 1 and "so it ran" in message.text and message.additional_kwargs["lc_data"]["ran_early"]
 
 
 def test_a_policy_declaring_a_tool_side_effecting_keeps_it_from_starting_early(harness: Any, thread: Any) -> None:
