@@ -97,7 +97,7 @@ from guard.agents._records import (
 from guard.agents.decisions import TOOL_DECISIONS, PendingItem, response_schema, review_request
 from guard.policy.provenance import flagged_results
 from guard.subject import AgentSubject, TurnMessage, digest_of
-from guard.verdict import Verdict
+from guard.verdict import ACTION_RANK, Verdict
 
 __all__ = [
     "HELD_SUFFIX",
@@ -442,8 +442,6 @@ def screen(response: ModelResponse[Any], ai: AIMessage, turn: dict[str, Any]) ->
 Steps = Generator[AgentSubject, Judgement, dict[str, Any] | None]
 SERVER_CALL = "server:"
 """Prefix of a server tool call's key among a turn's subjects (:meth:`TurnKeeper.subjects`)."""
-_RANK = {"allow": 0, "escalate": 1, "block": 2}
-"""How far a recorded outcome stops a reply (the worst of its own and its server tool calls' decides it)."""
 
 
 def _record(judgement: Judgement) -> dict[str, Any]:
@@ -910,8 +908,9 @@ class TurnKeeper:
                 turn["calls"][key].update(_record(judgement))
         for (key, _), judgement in zip(todo, judgements, strict=True):
             record = _record(judgement)
-            output = turn["output"]
-            if key.startswith(SERVER_CALL) and _RANK[record["outcome"]] > _RANK[(output or {}).get("outcome", "allow")]:
+            shown = (turn["output"] or {}).get("outcome", "allow")
+            # a server tool call's outcome stops the reply where it is stronger than the reply's own
+            if key.startswith(SERVER_CALL) and ACTION_RANK[record["outcome"]] < ACTION_RANK[shown]:
                 turn["output"] = {"text_digest": turn["text_digest"], **record}
 
     def steps(self, state: Any) -> Steps:
