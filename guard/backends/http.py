@@ -122,7 +122,10 @@ class SystemOneClient:
         timeout: default overall deadline of one ``decide`` in seconds.
         retry: retry policy (:class:`RetryConfig` defaults when ``None``).
         uds: path of a Unix socket to connect through (the URL's host is then only a label).
-        headers: extra request headers.
+        headers: extra request headers, names taken without regard to case. One of these replaces the client's
+            own Content-Type, Accept or Accept-Encoding; ``api_key``'s Authorization, the trace context and the
+            worker's ``x-request-timeout-ms`` (set from the deadline on each attempt) replace one of these. No name
+            is sent twice.
         name: backend name for errors and verdicts (``http:<provider>`` by default).
         model_revision: identity of the remote weights for cache keys, used as given. By default it is
             ``<provider>:<model or url>`` (plus ``@<uds>`` on a Unix socket) and, once the server has named the
@@ -184,8 +187,11 @@ class SystemOneClient:
         self._revision_refused_logged = False  # a reported revision was ignored, and the warning written
         self._statuses_logged: set[int] = set()  # the statuses whose error text was logged at WARNING
         # identity: a compressed answer would be inflated in one call before any size check could stop it
-        self._headers = {"content-type": "application/json", "accept": "application/json",
-                         "accept-encoding": "identity", **(headers or {})}
+        # held without regard to case: a name set again (the caller's Content-Type, each attempt's deadline header)
+        # replaces the line already there instead of sending a second one, which the worker refuses
+        self._headers = httpx.Headers({"content-type": "application/json", "accept": "application/json",
+                                       "accept-encoding": "identity"})
+        self._headers.update(headers or {})
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=DEFAULT_MAX_KEEPALIVE)
@@ -328,7 +334,7 @@ class SystemOneClient:
         return float(backoff(state))
 
     async def _post(self, content: bytes, remaining: float, budget: float, max_bytes: int) -> httpx.Response:
-        headers = dict(self._headers)
+        headers = self._headers.copy()
         if self.provider.continues_trace:  # the decision span's trace context: the worker continues it
             carrier: dict[str, str] = {}
             propagate.inject(carrier)
@@ -350,7 +356,7 @@ class SystemOneClient:
                 reason="connection",
             ) from exc
 
-    async def _read(self, content: bytes, headers: dict[str, str], remaining: float, max_bytes: int) -> httpx.Response:
+    async def _read(self, content: bytes, headers: httpx.Headers, remaining: float, max_bytes: int) -> httpx.Response:
         """POST and read the answer's body up to ``max_bytes`` (:data:`MAX_RESPONSE_BYTES` or less, what an answer to
         the request can hold: :func:`~guard.systemone.wire.max_answer_bytes`), as sent (never decompressed); an answer
         whose status is not 2xx is read up to :data:`~guard.backends._providers.ERROR_BODY_BYTES` and cut there, not

@@ -751,6 +751,30 @@ async def test_a_parsed_json_body_is_refused_with_a_type_error_naming_the_fix(wo
             await client.decide(ticket_body(1))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [{"X-Request-Timeout-Ms": "1"}, {"Content-Type": "application/json"}, {"ACCEPT": "application/json"}],
+)
+async def test_a_header_the_client_sets_itself_is_sent_once_whatever_its_case(
+    worker: RunningWorker, extra: dict[str, str]
+) -> None:
+    # The worker refuses a repeated x-request-timeout-ms or Content-Type (400 repeated_header): a caller's header
+    # named in another case replaces the client's own line instead of being sent beside it.
+    sent: list[list[tuple[bytes, bytes]]] = []
+
+    async def record(request: httpx.Request) -> None:
+        sent.append(list(request.headers.raw))
+
+    async with SystemOneClient.worker(worker.url, timeout=60, headers=extra) as client:
+        client._client.event_hooks["request"] = [record]
+        response = await client.decide(REQUEST)
+    assert list(response.answers) == ["churn", "queue", "urgency"]
+    names = [name.lower() for name, _ in sent[-1]]
+    assert len(names) == len(set(names)), names
+    deadline = {name.lower(): value for name, value in sent[-1]}[b"x-request-timeout-ms"]
+    assert int(deadline) > 1000  # the deadline of this call, not the value the caller fixed
+
+
 async def test_worker_refusal_carries_the_field_errors(worker: RunningWorker) -> None:
     # Valid for the reference profile (no instructions) but not for the worker's workers-ai profile.
     request = SystemOneRequestV1.from_json(
