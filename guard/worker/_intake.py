@@ -158,6 +158,32 @@ def decode_content(body: bytes, content_encoding: str | None, limit: int) -> byt
     return body
 
 
+def _repeated_parameter(value: str) -> str | None:
+    """The first parameter of a header value (``type; a=1; b="x;y"``) whose name, taken without regard to case, comes
+    again later in it, or ``None``. The value is split at each ``;`` outside double quotes (a ``\\"`` is no quote), as
+    python-multipart's :func:`parse_options_header` splits it; that function keeps the last copy of a repeated
+    parameter where other readers (Python's ``email``) keep the first.
+    """
+    segments: list[str] = []
+    start, quoted = 0, False
+    for i, char in enumerate(value):
+        if char == '"' and (i == 0 or value[i - 1] != "\\"):
+            quoted = not quoted
+        elif char == ";" and not quoted:
+            segments.append(value[start:i])
+            start = i + 1
+    segments.append(value[start:])
+    seen: set[str] = set()
+    for segment in segments[1:]:
+        name = segment.partition("=")[0].strip(" \t").lower()
+        if not name:
+            continue
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
+
+
 def split_multipart(body: bytes, content_type: str) -> tuple[bytes, dict[str, tuple[str, bytes]]]:
     """Split a ``multipart/form-data`` body into its ``request`` JSON part and the other parts.
 
@@ -166,9 +192,13 @@ def split_multipart(body: bytes, content_type: str) -> tuple[bytes, dict[str, tu
 
     Raises:
         BodyError: 400 ``invalid_multipart`` naming what is wrong (no boundary, no ``request`` part, a repeated or
-            unnamed part, a part sending a header more than once, more than :data:`MAX_PARTS` parts, a truncated
-            body).
+            unnamed part, a part sending a header more than once, a parameter repeated in the Content-Type or in a
+            part's Content-Disposition, more than :data:`MAX_PARTS` parts, a truncated body).
     """
+    repeated = _repeated_parameter(content_type)
+    if repeated is not None:
+        raise BodyError(400, INVALID_MULTIPART, f"the Content-Type sends its {repeated[:40]!r} parameter more than once",
+                        field="content-type")
     _, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if not boundary:
@@ -225,6 +255,11 @@ def split_multipart(body: bytes, content_type: str) -> tuple[bytes, dict[str, tu
         raise BodyError(400, INVALID_MULTIPART, "the multipart body ends before its closing boundary", field="body")
     named: dict[str, tuple[str, bytes]] = {}
     for i, (headers, data) in enumerate(parts):
+        repeated = _repeated_parameter(headers.get("content-disposition", ""))
+        if repeated is not None:
+            raise BodyError(400, INVALID_MULTIPART,
+                            f"part {i} sends its {repeated[:40]!r} parameter of Content-Disposition more than once",
+                            field="body")
         _, disposition = parse_options_header(headers.get("content-disposition", ""))
         raw_name = disposition.get(b"name", b"")
         try:  # RFC 7578 4.2: a field name may be UTF-8 (the JSON naming it is); an older client's is latin-1

@@ -312,3 +312,27 @@ def test_bad_release_dates_and_aliases_are_refused() -> None:
         WorkerConfig(model_aliases="jev")  # type: ignore[arg-type]
 
 
+
+
+async def test_a_repeated_boundary_or_part_name_parameter_is_refused(worker: RunningWorker) -> None:
+    """Repeated parameters were read as their last copy (review finding): ``boundary=aaa; boundary=bbb`` split the
+    body at ``bbb`` where Python's ``email`` splits it at ``aaa``, and ``name="scan"; name="notes"`` named the part
+    ``notes``. Both are 400 ``invalid_multipart`` now."""
+    raw = json.dumps({"model": "jev-latest", "state": "hi", "questions": QUESTIONS,
+                      "assets": {"a": {"type": "image", "part": "notes"}}})  # fmt: skip
+
+    def part(boundary: str, disposition: str, data: str) -> str:
+        return f"--{boundary}\r\nContent-Disposition: form-data; {disposition}\r\n\r\n{data}\r\n"
+
+    two_bodies = (part("bbb", 'name="request"', raw) + "--bbb--\r\n" + part("aaa", 'name="request"', raw)
+                  + "--aaa--\r\n")
+    two_names = part("xx", 'name="request"', raw) + part("xx", 'name="scan"; name="notes"', "PNG") + "--xx--\r\n"
+    async with worker.client() as client:
+        boundary = await client.post("/v1/systemone", content=two_bodies.encode(),
+                                     headers={"content-type": "multipart/form-data; boundary=aaa; boundary=bbb"})
+        named = await client.post("/v1/systemone", content=two_names.encode(),
+                                  headers={"content-type": "multipart/form-data; boundary=xx"})
+    assert boundary.status_code == 400, boundary.text
+    assert (boundary.json()["code"], boundary.json()["field"]) == ("invalid_multipart", "content-type")
+    assert named.status_code == 400, named.text
+    assert named.json()["code"] == "invalid_multipart" and named.json()["message"].startswith("part 1 sends its 'name'")

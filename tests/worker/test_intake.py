@@ -163,3 +163,45 @@ def test_a_part_sending_a_header_twice_is_refused_naming_the_part(repeated: str)
     with pytest.raises(BodyError, match="part 1 sends its content-(disposition|type) header more than once") as caught:
         _intake.split_multipart(body, f"multipart/form-data; boundary={boundary}")
     assert (caught.value.status, caught.value.code, caught.value.field) == (400, "invalid_multipart", "body")
+
+
+def _form(boundary: str, parts: list[tuple[str, str]]) -> bytes:
+    return "".join(f"--{boundary}\r\nContent-Disposition: {disposition}\r\n\r\n{data}\r\n"
+                   for disposition, data in parts).encode() + f"--{boundary}--\r\n".encode()
+
+
+@pytest.mark.parametrize("content_type", [
+    "multipart/form-data; boundary=aaa; boundary=bbb",
+    "multipart/form-data; Boundary=aaa; boundary=bbb",
+    'multipart/form-data; boundary="aaa;x"; charset=utf-8; BOUNDARY=bbb',
+])
+def test_a_content_type_repeating_its_boundary_is_refused(content_type: str) -> None:
+    """A repeated boundary was read as its last copy, where Python's ``email`` (and any first-wins reader in front)
+    reads the first: the two saw different bodies in the same bytes (review finding)."""
+    body = (_form("bbb", [('form-data; name="request"', '{"state": "scored"}')])
+            + _form("aaa", [('form-data; name="request"', '{"state": "inspected"}')]))
+    with pytest.raises(BodyError, match="the Content-Type sends its 'boundary' parameter more than once") as caught:
+        _intake.split_multipart(body, content_type)
+    assert (caught.value.status, caught.value.code, caught.value.field) == (400, "invalid_multipart", "content-type")
+
+
+@pytest.mark.parametrize("disposition", [
+    'form-data; name="scan"; name="notes"',
+    'form-data; name="scan"; NAME="notes"',
+    'form-data; name="scan;x"; filename="a.png"; name=notes',
+])
+def test_a_part_repeating_its_name_parameter_is_refused_naming_the_part(disposition: str) -> None:
+    """``name="scan"; name="notes"`` was read as the part ``notes`` (the last copy); a first-wins reader sees
+    ``scan``. The part is refused, named by its place in the body."""
+    body = _form("b0undary", [('form-data; name="request"', "{}"), (disposition, "PNGDATA")])
+    with pytest.raises(BodyError, match="part 1 sends its 'name' parameter of Content-Disposition more than once"
+                       ) as caught:
+        _intake.split_multipart(body, "multipart/form-data; boundary=b0undary")
+    assert (caught.value.status, caught.value.code, caught.value.field) == (400, "invalid_multipart", "body")
+
+
+def test_parameters_sent_once_with_quoted_semicolons_and_escaped_quotes_are_read() -> None:
+    disposition = r'form-data; name="scan"; filename="a \"b; name=c\".png"'
+    body = _form("b0undary", [('form-data; name="request"', "{}"), (disposition, "PNGDATA")])
+    request, parts = _intake.split_multipart(body, 'multipart/form-data; charset=utf-8; boundary="b0undary"')
+    assert request == b"{}" and list(parts) == ["scan"]
