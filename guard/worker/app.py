@@ -722,7 +722,10 @@ async def _models(request: Request) -> Response:
 
 
 async def _model(request: Request) -> Response:
-    """``GET /v1/models/{id}``: one served model (404 ``model_not_found`` for any other name)."""
+    """``GET /v1/models/{id}``: one served model (404 ``model_not_found`` for any other name; ``/v1/models/``, with
+    no name, is an unknown route: 404 ``not_found``)."""
+    if not request.path_params["model_id"]:  # the path convertor matches an empty name too
+        raise HTTPException(404)
     runtime = _runtime(request)
     backend = runtime.backend
     if runtime.phase is not WorkerPhase.READY or backend is None:

@@ -222,13 +222,17 @@ async def test_unknown_routes_and_methods_are_json_errors(worker: RunningWorker)
 
 async def test_a_path_with_a_slash_added_is_not_found_not_redirected(worker: RunningWorker) -> None:
     """``POST /v1/systemone/`` was a 307 with an empty body to ``http://<the request's Host>/v1/systemone`` (review
-    finding: a Host of ``evil.example`` sent the client there); it is an unknown path like any other."""
+    finding: a Host of ``evil.example`` sent the client there); it is an unknown path like any other. So is
+    ``GET /v1/models/``, which was a ``model_not_found`` naming the model ``''``."""
     async with worker.client() as client:
         slashed = await client.post("/v1/systemone/", json=ticket_body(0), headers={"host": "evil.example"})
         probe = await client.get("/healthz/")
-    for response in (slashed, probe):
+        listing = await client.get("/v1/models/")
+        unknown = await client.get("/v2/nothing")
+    for response in (slashed, probe, listing):
         assert response.status_code == 404 and response.json()["code"] == "not_found", response.text
         assert "location" not in response.headers
+    assert listing.json() == {**unknown.json(), "message": "GET /v1/models/: Not Found"}
 
 
 async def test_models_health_ready_and_metrics(worker: RunningWorker) -> None:
