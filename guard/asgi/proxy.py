@@ -5,8 +5,9 @@ stream back, both without buffering (a guarded request's body is read once by :c
 and then streamed on). The status and headers are kept, minus hop-by-hop headers (RFC 9110 7.6.1: ``Connection``
 and the headers it names, ``Keep-Alive``, ``Transfer-Encoding``, ``TE``, ``Trailer``, ``Upgrade``, ``Proxy-*``);
 ``X-Forwarded-For`` is appended to, ``X-Forwarded-Proto/-Host`` are set (the client's, its other ``X-Forwarded-*``
-(``-Ssl``, ``-Scheme``, ``-Port``, ``-Prefix``, ...), ``Forwarded``, ``X-Real-IP``, ``Front-End-Https`` and
-``X-Url-Scheme``, dropped unless ``ProxyConfig.trust_forwarded``): ``X-Forwarded-Host`` is the request's ``Host`` as
+(``-Ssl``, ``-Scheme``, ``-Port``, ``-Prefix``, ...), ``Forwarded``, ``X-Real-IP``, ``Front-End-Https``,
+``X-Url-Scheme``, ``X-Scheme``, ``CloudFront-Forwarded-Proto``, ``X-Arr-Ssl``, ``Forwarded-Proto``, ``X-Host`` and
+``X-Original-Host``, dropped unless ``ProxyConfig.trust_forwarded``): ``X-Forwarded-Host`` is the request's ``Host`` as
 sent. A ``Host`` that is not ``host[:port]`` is a 400 ``invalid_host``; so, with ``ProxyConfig.allowed_hosts``, is a
 request whose ``Host`` names no host listed there or that has none (it would reach the upstream as
 ``X-Forwarded-Host``), and a trusted ``X-Forwarded-Host`` or ``Forwarded`` ``host=`` naming another host. ``Connection`` never removes ``Content-Type``,
@@ -123,11 +124,12 @@ class ProxyConfig:
         body_idle_timeout: most seconds of client silence while a request body is forwarded (408 before the
             upstream answered; the upstream request is abandoned).
         trust_forwarded: keep the client's ``X-Forwarded-*`` (``-Proto``, ``-Host``, ``-Ssl``, ``-Port``, ...),
-            ``Forwarded``, ``X-Real-IP``, ``Front-End-Https`` and ``X-Url-Scheme`` (guard behind a proxy of yours
-            that sets them, e.g. one that terminates TLS). Default: they are dropped (``X-Forwarded-For`` is kept
-            and appended to) and the proxy sets ``X-Forwarded-Proto`` (the scheme the client reached it by) and
-            ``X-Forwarded-Host`` (the request's ``Host`` as sent, which the client chooses: see ``allowed_hosts``)
-            itself.
+            ``Forwarded``, ``X-Real-IP``, ``Front-End-Https``, ``X-Url-Scheme``, ``X-Scheme``,
+            ``CloudFront-Forwarded-Proto``, ``X-Arr-Ssl``, ``Forwarded-Proto``, ``X-Host`` and ``X-Original-Host``
+            (guard behind a proxy of yours that sets them, e.g. one that terminates TLS). Default: they are dropped
+            (``X-Forwarded-For`` is kept and appended to) and the proxy sets ``X-Forwarded-Proto`` (the scheme the
+            client reached it by) and ``X-Forwarded-Host`` (the request's ``Host`` as sent, which the client chooses:
+            see ``allowed_hosts``) itself.
         allowed_hosts: the hosts this proxy serves, as a policy's ``hosts:`` globs (``api.example.com``,
             ``*.example.com``: ``*`` within a label; no port, no trailing dot, any case): a request or WebSocket
             upgrade whose ``Host`` (without port and trailing dot) matches none is refused with 400 ``invalid_host``
@@ -247,8 +249,12 @@ _REPLACED = frozenset({b"host", b"expect", b"x-forwarded-for"})
 #: Headers that tell the upstream how the client reached it: set by the proxy, or by a trusted proxy in front of it.
 #: Every other ``X-Forwarded-*`` but ``X-Forwarded-For`` (``-Ssl``, ``-Scheme``, ``-Port``, ``-Prefix``, ``-Server``,
 #: which Rack, Werkzeug's ProxyFix and others read) is dropped with them (:data:`_FORWARDED_PREFIX`).
+#: Also dropped, as they claim a scheme or a host: Tornado (``xheaders=True``) and Jupyter read ``X-Scheme``, CloudFront
+#: sets ``CloudFront-Forwarded-Proto``, IIS ARR ``X-Arr-Ssl``; ``Forwarded-Proto``, ``X-Host`` and ``X-Original-Host``
+#: are read by other frameworks' proxy settings.
 _FORWARDED = frozenset({b"x-forwarded-proto", b"x-forwarded-host", b"forwarded", b"x-real-ip", b"front-end-https",
-                        b"x-url-scheme"})
+                        b"x-url-scheme", b"x-scheme", b"cloudfront-forwarded-proto", b"x-arr-ssl", b"forwarded-proto",
+                        b"x-host", b"x-original-host"})
 _FORWARDED_PREFIX = b"x-forwarded-"
 #: Request headers that name another target than the request line's, which some upstreams route on (IIS URL Rewrite,
 #: older Symfony and Zend): a request guard matched as ``/other`` would be served as the ``/v1/admin`` they name.

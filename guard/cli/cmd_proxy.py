@@ -105,7 +105,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--upstream", required=True, metavar="URL", help="the protected service, e.g. http://app:9000")
     parser.add_argument("--trust-forwarded", action="store_true",
                         help="keep the client's X-Forwarded-* (-Proto, -Host, -Ssl, -Port, ...), Forwarded, X-Real-IP, "
-                        "Front-End-Https and X-Url-Scheme (guard behind a proxy "
+                        "Front-End-Https, X-Url-Scheme, X-Scheme, CloudFront-Forwarded-Proto, X-Arr-Ssl, Forwarded-Proto, "
+                        "X-Host and X-Original-Host (guard behind a proxy "
                         "of yours that sets them, e.g. one terminating TLS); default: dropped, and the proxy sets "
                         "X-Forwarded-Proto/-Host itself")
     parser.add_argument("--preserve-host", action="store_true",

@@ -632,11 +632,14 @@ def test_a_client_cannot_tell_the_upstream_which_host_or_scheme_it_reached() -> 
 
 def test_a_client_cannot_claim_tls_a_port_or_a_prefix_through_other_forwarded_headers() -> None:
     """Rack reads ``X-Forwarded-Ssl: on``, ``X-Forwarded-Scheme``, ``Front-End-Https`` and ``X-Url-Scheme`` as
-    HTTPS, Werkzeug's ProxyFix ``X-Forwarded-Port`` and ``-Prefix``: the client's are dropped like its
-    ``X-Forwarded-Proto`` (its ``X-Forwarded-For`` is appended to); ``trust_forwarded`` keeps them."""
+    HTTPS, Werkzeug's ProxyFix ``X-Forwarded-Port`` and ``-Prefix``, Tornado (``xheaders=True``) and Jupyter
+    ``X-Scheme``; CloudFront's, IIS ARR's and other frameworks' scheme and host headers too: the client's are dropped
+    like its ``X-Forwarded-Proto`` (its ``X-Forwarded-For`` is appended to); ``trust_forwarded`` keeps them."""
     claimed = [(b"x-forwarded-ssl", b"on"), (b"X-Forwarded-Scheme", b"https"), (b"x-forwarded-port", b"443"),
                (b"x-forwarded-prefix", b"/admin"), (b"x-forwarded-server", b"evil.example"),
-               (b"front-end-https", b"on"), (b"x-url-scheme", b"https")]
+               (b"front-end-https", b"on"), (b"x-url-scheme", b"https"), (b"X-Scheme", b"https"),
+               (b"cloudfront-forwarded-proto", b"https"), (b"x-arr-ssl", b"on"), (b"forwarded-proto", b"https"),
+               (b"x-host", b"evil.example"), (b"x-original-host", b"evil.example")]
     scope = {"type": "http", "scheme": "http", "client": ("10.0.0.9", 5000),
              "headers": [(b"host", b"good.example"), *claimed, (b"x-forwarded-for", b"10.0.0.1")]}
     headers, _ = ReverseProxy(ProxyConfig("http://127.0.0.1:9"))._headers(scope)
