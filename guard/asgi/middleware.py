@@ -105,8 +105,9 @@ from guard.policy.loader import ViewMatch, policy_subjects
 from guard.subject import HttpSubject
 from guard.verdict import Verdict
 
-__all__ = ["BODYLESS_METHODS", "DEFAULT_REVIEW_PATH", "INLINE_PARSE_BYTES", "METHOD_OVERRIDES", "STATE_KEY", "GuardMiddleware",
-           "MethodOverride", "PathCase", "TrailingSlash", "UnexpectedBody"]
+__all__ = ["BODYLESS_METHODS", "DEFAULT_REVIEW_PATH", "INLINE_PARSE_BYTES", "METHOD_OVERRIDES",
+           "READ_HEADERS_EXTENSION", "STATE_KEY", "GuardMiddleware", "MethodOverride", "PathCase", "TrailingSlash",
+           "UnexpectedBody"]
 
 #: Media types an application parses as received, whatever ``Content-Encoding`` says (refused encoded).
 _FORMS = frozenset({"application/x-www-form-urlencoded", "multipart/form-data"})
@@ -119,6 +120,11 @@ DEFAULT_REVIEW_PATH = "/_guard/reviews"
 #: Where the application finds the request's verdict: ``scope["state"]["guard"]`` (Starlette:
 #: ``request.state.guard``), set for allowed and redacted requests; absent when no policy matched.
 STATE_KEY = "guard"
+#: The ASGI scope extension (``scope["extensions"]``) that tells the application, a proxy behind the guard, which
+#: request headers the policies read: lower-case names, or ``None`` when a rule may read any header
+#: (:attr:`~guard.policy.PolicyView.read_headers`). :class:`~guard.asgi.proxy.ReverseProxy` lets no ``Connection``
+#: header remove them.
+READ_HEADERS_EXTENSION = "guard.read_headers"
 #: The request header that tells the application which decision let the request through (the response's own).
 DECISION_ID_HEADER = b"x-guard-decision-id"
 #: The review headers a release is asked with: dropped from a request this middleware judged or released (they were
@@ -176,16 +182,20 @@ def _decoded_and_parsed(body: bytes, codings: list[str] | None, content_type: st
 
 
 
-def _app_scope(scope: Scope, headers: HeaderList, *, judged: bool) -> Scope:
+def _app_scope(scope: Scope, headers: HeaderList, *, judged: bool, view: PolicyView | None = None) -> Scope:
     """``scope`` as the application gets it: a client's ``x-guard-decision-id`` removed (and, on a ``judged``
     request, one this middleware judged or released, its ``x-guard-release-token`` and ``x-guard-review-id``), and
     the decision's id the response carries (``x-guard-decision-id`` in ``headers``: an allowed, redacted or released
     request's) set as ``x-guard-decision-id``. A name spelled with ``_`` (``x_guard_decision_id``) is removed as well:
-    a WSGI server reads ``_`` and ``-`` alike (``HTTP_X_GUARD_DECISION_ID``)."""
+    a WSGI server reads ``_`` and ``-`` alike (``HTTP_X_GUARD_DECISION_ID``). With ``view``, the headers its
+    policies read are named in the :data:`READ_HEADERS_EXTENSION` extension."""
     dropped = {DECISION_ID_HEADER, *_REVIEW_REQUEST_HEADERS} if judged else {DECISION_ID_HEADER}
     kept = [(k, v) for k, v in scope["headers"] if k.lower().replace(b"_", b"-") not in dropped]
     kept += [(k, v) for k, v in headers if k == DECISION_ID_HEADER][:1]
-    return {**scope, "headers": kept}
+    if view is None:
+        return {**scope, "headers": kept}
+    extensions = {**(scope.get("extensions") or {}), READ_HEADERS_EXTENSION: view.read_headers}
+    return {**scope, "headers": kept, "extensions": extensions}
 
 class GuardMiddleware:
     """Judge matched requests with a :class:`~guard.engine.Guard` before the application sees them.
@@ -442,7 +452,7 @@ class GuardMiddleware:
         judge = ResponseJudge(self.guard, head, watching, send, self.limits, self.metrics, headers,
                               cache_scope=cache_scope, views=views) if watching else None
         app_send = judge or (functools.partial(send_with_headers, send, headers) if headers else send)
-        scope = _app_scope(scope, headers, judged=judged)
+        scope = _app_scope(scope, headers, judged=judged, view=view)
         response = (app or self.app)(watched_scope(scope) if judge else scope, receive, app_send)
         await (judge.run(response) if judge else response)
 

@@ -11,8 +11,10 @@ and the headers it names, ``Keep-Alive``, ``Transfer-Encoding``, ``TE``, ``Trail
 sent. A ``Host`` that is not ``host[:port]`` is a 400 ``invalid_host``; so, with ``ProxyConfig.allowed_hosts``, is a
 request whose ``Host`` names no host listed there or that has none (it would reach the upstream as
 ``X-Forwarded-Host``), and a trusted ``X-Forwarded-Host`` or ``Forwarded`` ``host=`` naming another host. ``Connection`` never removes ``Content-Type``,
-``Content-Encoding``, a method override header, ``X-Guard-Decision-Id`` or the guard's ``tenant_header``; under ``method_override="judge"`` an override header spelled with
-``_`` (names the proxy drops) is a 400 ``method_override``, so the upstream never runs a method guard did not judge.
+``Content-Encoding``, a method override header, ``X-Guard-Decision-Id``, the guard's ``tenant_header`` or a header its
+policies read (and no header at all where a rule may read any: :data:`~guard.asgi.middleware.READ_HEADERS_EXTENSION`);
+under ``method_override="judge"`` an override header spelled with ``_`` (names the proxy drops) is a 400
+``method_override``, so the upstream never runs a method guard did not judge.
 A ``Location`` or ``Content-Location`` under the upstream URL is made a path on the proxy (nginx's default
 ``proxy_redirect``). Bodies pass as raw bytes, so ``Content-Encoding`` and ``Content-Length`` stay valid. HTTP/1.1
 trailers cannot be relayed (uvicorn does not send them); they are dropped.
@@ -66,7 +68,7 @@ from guard.asgi._target import INVALID_TARGET, canonical_scope, request_target
 from guard.asgi._upgrade import refuse_invalid_upgrade
 from guard.asgi._upstream import UpstreamBusy, UpstreamError, UpstreamPool, UpstreamResponse, UpstreamTimeout
 from guard.asgi._websocket import WebSocketRelay
-from guard.asgi.middleware import GuardMiddleware
+from guard.asgi.middleware import READ_HEADERS_EXTENSION, GuardMiddleware
 from guard.engine import Guard
 from guard.engine.health import FailureTracker
 from guard.errors import BodyError
@@ -407,6 +409,8 @@ class ReverseProxy:
                             "a host name or address with an optional port (0-65535)", field="host")
         if self._allowed_hosts:
             self._check_allowed(host, out)
+        if named:
+            named = self._removable(scope, named)
         if chunked:
             named.add(b"content-length")
         if named:
@@ -421,6 +425,19 @@ class ReverseProxy:
             if host:
                 out.append((b"x-forwarded-host", host))
         return out, has_body
+
+    @staticmethod
+    def _removable(scope: Scope, named: set[bytes]) -> set[bytes]:
+        """The headers ``Connection`` ``named`` that are removed: all of them but those the policies of the guard in
+        front read (its :data:`~guard.asgi.middleware.READ_HEADERS_EXTENSION`), which the upstream must get as they
+        were judged; none when a rule may read any header."""
+        extensions = scope.get("extensions") or {}
+        if READ_HEADERS_EXTENSION not in extensions:
+            return named
+        read = extensions[READ_HEADERS_EXTENSION]
+        if read is None:
+            return set()
+        return named - {name.encode("latin-1") for name in read}
 
     def _check_allowed(self, host: bytes | None, kept: list[tuple[bytes, bytes]]) -> None:
         """Refuse a request whose host is not one of ``allowed_hosts``: a ``Host`` (well-formed, see :meth:`_headers`)

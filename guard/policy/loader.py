@@ -667,13 +667,17 @@ class PolicyView:
     Attributes:
         policies: the policies in match order.
         response: the response policies among them (``match.http.response``), in match order.
+        read_headers: the request headers (lower-case names) some HTTP policy's ``match`` names or its state or rules
+            read (:attr:`~guard.policy.Policy.http_reads`); ``None`` when a rule may read any header.
     """
 
     policies: tuple[Policy, ...]
     response: tuple[Policy, ...] = field(init=False)
+    read_headers: frozenset[str] | None = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "response", _response_policies(self.policies))  # once, while being built
+        object.__setattr__(self, "read_headers", _read_headers(self.policies))
 
     def matching(self, subject: Subject) -> tuple[Policy, ...]:
         """Every policy that matches ``subject``, in match order (all of them decide, ``docs/policies.md``)."""
@@ -710,6 +714,20 @@ class PolicyView:
                 first.setdefault(id(policy), view)
         matched = tuple(p for p in (self.response if watching else self.policies) if id(p) in first)
         return ViewMatch(judged, matched, {p.id: first[id(p)] for p in matched if first[id(p)] is not judged})
+
+
+def _read_headers(policies: Sequence[Policy]) -> frozenset[str] | None:
+    """The request headers ``policies`` match on or read (:attr:`PolicyView.read_headers`)."""
+    names: set[str] = set()
+    for policy in policies:
+        if policy.http is None:
+            continue
+        reads = policy.http_reads.headers
+        if reads is None:
+            return None
+        names |= reads
+        names.update(name for name, _ in policy.http.headers)
+    return frozenset(names)
 
 
 class ViewMatch(NamedTuple):

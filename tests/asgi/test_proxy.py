@@ -780,6 +780,43 @@ async def test_connection_cannot_remove_the_decision_id_or_the_tenant_header(mak
     assert (b"x-guard-decision-id", b"d-1") in plain and (b"x-tenant", b"acme") not in plain
 
 
+DRY_RUN_POLICY = r"""
+policies:
+  - id: dry-run-only
+    version: 1
+    match: {http: {methods: [POST], paths: ["/v1/**"]}}
+    state: {text: body_text}
+    rules:
+      - id: live-writes
+        when: "!('x-dry-run' in subject.headers) || subject.headers['x-dry-run'] != 'true'"
+        action: block
+"""
+#: The same rule reading the header through a macro: it may read any header.
+ANY_HEADER_POLICY = DRY_RUN_POLICY.replace(
+    "!('x-dry-run' in subject.headers) || subject.headers['x-dry-run'] != 'true'",
+    "!subject.headers.exists(h, h == 'x-dry-run')")
+
+
+@pytest.mark.parametrize("policy", [DRY_RUN_POLICY, ANY_HEADER_POLICY])
+async def test_connection_cannot_remove_a_header_a_policy_read(upstream: tuple[Upstream, str], policy: str) -> None:
+    """A policy blocks writes unless ``X-Dry-Run: true``: a client that sent it with ``Connection: x-dry-run`` was
+    allowed, and the upstream, without the header, ran the write for real. A header a policy reads goes on whatever
+    ``Connection`` names; another named header does not, unless a rule may read any header (then none is removed)."""
+    _, url = upstream
+    guard = Guard(load_text(policy), backends=ScriptedBackend(lambda request: {}))
+    app = proxy_app(guard, ProxyConfig(url))
+    with serve_in_thread(app, proxy_headers=False) as proxy:
+        async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
+            live = await client.post("/v1/echo", content=b"write")
+            dry = await client.post("/v1/echo", content=b"write", headers={
+                "x-dry-run": "true", "x-other": "1", "connection": "x-dry-run, x-other"})
+    await guard.aclose()
+    assert live.status_code == 403 and dry.status_code == 200
+    sent = dry.json()["headers"]
+    assert sent["x-dry-run"] == "true"
+    assert ("x-other" in sent) is (policy == ANY_HEADER_POLICY)
+
+
 def test_response_headers_drop_hop_by_hop_ones_and_keep_the_rest_in_order() -> None:
     kept = [(b"content-type", b"text/plain"), (b"Set-Cookie", b"a=1"), (b"set-cookie", b"b=2")]
     dropped = [(b"Connection", b"x-hop"), (b"X-Hop", b"1"), (b"transfer-encoding", b"chunked"), (b"Upgrade", b"h2c"),
