@@ -135,8 +135,8 @@ ANSWER_FIELDS: dict[str, frozenset[str]] = {
     "score": frozenset({"type", "score", "confidence", "probabilities"}),
 }
 #: The functions of the CEL runtime (``common-expression-language``) a rule may call, besides :data:`FUNCTIONS` and
-#: the macros (``has``, ``all``, ``exists``, ``exists_one``, ``map``, ``filter``). It has no strings extension
-#: (``lowerAscii``, ``split``, ``replace``) and no ``max``/``min``.
+#: the macros (``has``, ``all``, ``exists``, ``exists_one`` or ``existsOne``, ``map``, ``filter``). It has no strings
+#: extension (``lowerAscii``, ``split``, ``replace``) and no ``max``/``min``.
 STANDARD_FUNCTIONS = frozenset({
     "contains", "startsWith", "endsWith", "matches", "size", "int", "uint", "double", "string", "bytes", "duration",
     "timestamp", "type", "dyn", "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear", "getFullYear",
@@ -168,7 +168,7 @@ def _literal_spans(source: str) -> list[tuple[int, int]]:
 def _code_only(source: str) -> str:
     """``source`` with each string literal written ``""`` and each comment a space: the code, for name searches."""
     return LITERAL_RE.sub(lambda m: " " if m.group(0).startswith("//") else '""', source)
-_BOUND_RE = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,")
+_BOUND_RE = re.compile(r"\.\s*(?:all|exists|exists_one|existsOne|map|filter)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*,")
 
 
 class RuleError(GuardError):
@@ -442,8 +442,9 @@ def _check_calls(program: Any, source: str) -> None:
             raise ValueError(f"{name}() takes {expected} argument{plural}, given {given}")
 
 
-#: Macros that iterate a list (or a map's keys); ``map`` and ``filter`` collect what they keep.
-_MACRO_RE = re.compile(r"\.\s*(all|exists_one|exists|map|filter)\s*\(")
+#: Macros that iterate a list (or a map's keys); ``map`` and ``filter`` collect what they keep. ``existsOne`` is the
+#: runtime's other spelling of ``exists_one``.
+_MACRO_RE = re.compile(r"\.\s*(all|exists_one|existsOne|exists|map|filter)\s*\(")
 #: Names whose values the request supplies, so their sizes too.
 _REQUEST_NAMES = frozenset({"state", "subject", "call", "result"})
 _MACRO_VARIABLE = re.compile(r"\s*([A-Za-z_]\w*)\s*,")

@@ -192,6 +192,7 @@ def test_reads_are_found_outside_strings_and_stop_at_calls() -> None:
         ("state", ("y",)), ("data", ("k", "v"))
     ]
     assert field_reads("[1].exists(state, state > 0)") == []
+    assert field_reads("[1].existsOne(state, state > 0)") == []
 
 
 def test_policy_check_reports_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -197,7 +197,8 @@ def test_compile_condition_checks_names() -> None:
     # a macro variable named like an input: the input read outside the macro was dropped from the names, so the
     # rule failed on every request that reached it (a fail-open policy then allowed everyone)
     for rule in ('["x"].exists(subject, subject == "x") && subject.headers["x-role"] != "admin"',
-                 "[0.1].exists(spam, spam > 0.5) || spam.noul > 0.9"):
+                 "[0.1].exists(spam, spam > 0.5) || spam.noul > 0.9",
+                 '["x"].existsOne(subject, subject == "x") && subject.headers["x-role"] != "admin"'):
         with pytest.raises(ValueError, match="a macro's variable is named '(subject|spam)', which is a rule input"):
             compile_condition(rule, known)
     with pytest.raises(ValueError, match="unknown name 'tpoic'"):
@@ -497,6 +498,10 @@ def test_a_panic_of_the_cel_runtime_while_compiling_is_a_value_error() -> None:
     ("{''x'': state.qty}.x.filter(a, a > 1).size() > 1", r"runs filter\(\) over \{'x': state\.qty\}\.x, request data"),
     ("size(state.qty[0].tags.map(t, t)) > 2", r"runs map\(\) over state\.qty\[0\]\.tags, request data"),
     ("state.qty.exists(g, g.items.filter(i, i > 3).size() > 1)", r"runs filter\(\) over g\.items, request data"),
+    ("state.qty.existsOne(x, state.qty.exists(y, y == x))",  # the runtime's other spelling of exists_one
+     r"reads state inside the body of existsOne\(\) over state\.qty"),
+    ("state.qty.existsOne(data, state.qty.exists(y, y == data))",
+     r"reads state inside the body of existsOne\(\) over state\.qty"),
 ])  # fmt: skip
 def test_a_when_whose_cost_grows_with_the_square_of_the_request_is_a_load_error(when: str, error: str) -> None:
     """Rules run on the event loop and the CEL runtime has no cost limit: a duplicate check nesting a macro over
@@ -515,6 +520,7 @@ def test_a_when_whose_cost_grows_with_the_square_of_the_request_is_a_load_error(
     "state.qty.all(x, x > 0) && data.l.filter(x, x > 1).size() > 0",
     '["a", "b"].exists(p, state.qty.exists(x, x == p))',
     'state.qty.exists(x, x == ".exists(a, state.qty.map(b, b))")',
+    "state.qty.existsOne(v, v > 1) && state.qty.exists_one(x, x > 2)",
 ])  # fmt: skip
 def test_macros_whose_cost_grows_with_the_request_load(when: str) -> None:
     load_text("data: {l: [1]}" + one_rule(when))
