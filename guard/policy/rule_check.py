@@ -14,9 +14,7 @@ The same runs find an ``==``, ``!=`` or ``in`` between values of two types (``in
 ``subject.query.tier == "free"``), which the runtime answers with ``false`` (``true`` for ``!=``), not an error: the
 rule never fires, or always does, and is refused too. So is an ordering of one answer's ``noul`` or ``score`` with
 ``data`` and constants that holds for no value of the field (``inj.noul * 1.0 >= data.t`` with ``t: 85``), run alone
-over the field's range (:func:`_constant`). A rule that reads only literals and ``data`` is the same on every
-request: one that is always false never fires and is refused, and one that is always true is the last rule that can
-fire, so each rule after it is refused as unreachable.
+over the field's range (:func:`_constant`).
 """
 
 from __future__ import annotations
@@ -237,45 +235,23 @@ def certain_failures(
     request when every run ends in a type error or a non-boolean (:func:`_type_error`). A rule that works is
     refused when one of its comparisons compares values of two types in some run and of one type in none
     (:func:`_mismatched`). Rules reading ``call`` or ``result`` are not run. Any rule is refused when an ordering
-    of one answer's field with ``data`` and constants holds for no value of the field (:func:`_constant`). A rule
-    that reads only literals and ``data`` is run once: always false, it never fires; always true, every rule after
-    it is unreachable (rules fire in order, the first true one decides).
+    of one answer's field with ``data`` and constants holds for no value of the field (:func:`_constant`).
     """
     answers = {key: answer_question(q, [1 / len(q.options())] * len(q.options())) for key, q in questions.items()}
     roots = {"state": state, "subject": subject}
     failures: dict[str, str] = {}
     points: dict[tuple[str, str, float], Any] = {}  # the contexts _constant runs orderings in, shared by the rules
     checking = _CHECKING.set(True)
-    always: tuple[str, str] | None = None  # the first rule that fires on every request: its id and when
     try:
         for rule in rules:
-            if always is not None:
-                failures[rule.id] = (f"the rule is never reached: rule {always[0]!r} before it fires on every "
-                                     f"request ({always[1]!r} reads only literals and data, and is always true)")
-                continue
             rewritten = instrumented(rule.source)
             found = (_certain_failure(policy_id, rule, rewritten, roots, answers, data)
                      or _constant(rewritten[1] if rewritten is not None else (), questions, data, points))
-            if found is None and rule.names <= {"data"}:
-                fires = _fires(policy_id, rule, data)
-                if fires is False:
-                    found = f"{rule.source.strip()!r} is always false (it reads only literals and data): the rule never fires"
-                elif fires is True:
-                    always = rule.id, rule.source.strip()
             if found is not None:
                 failures[rule.id] = found
     finally:
         _CHECKING.reset(checking)
     return failures
-
-
-def _fires(policy_id: str, rule: CompiledRule, data: Any) -> bool | None:
-    """Whether ``rule``, which reads only literals and ``data``, fires (the same on every request); ``None`` when
-    running it fails (:func:`_certain_failure` says why)."""
-    try:
-        return run_rule(policy_id, rule, rule_context((rule,), {}, None, None, None, data))
-    except RuleError:
-        return None
 
 
 def _certain_failure(

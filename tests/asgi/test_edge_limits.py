@@ -159,7 +159,7 @@ policies:
   - id: posts
     version: 1
     match: {http: {methods: [POST], paths: ["/v1/form/**"]}}
-    rules: [{id: never, when: 'subject.path == "/never"', action: block}]
+    rules: [{id: never, when: "false", action: block}]
 """
     guard = Guard(load_text(policy), backends=ScriptedBackend(lambda r: {}))
     app = guarded_app(guard, limits=BodyLimits(opaque_media="metadata", max_body_bytes=4 << 20))

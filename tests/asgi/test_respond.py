@@ -880,7 +880,7 @@ policies:
   - id: req-a
     version: "1"
     match: {http: {methods: [POST], paths: ["/x"]}}
-    rules: [{id: never, when: 'subject.path == "/never"', action: block}]
+    rules: [{id: never, when: "false", action: block}]
     default: allow
   - id: resp-r
     version: "1"

@@ -672,7 +672,7 @@ policies:
   - {id: high, version: 1, priority: 10, match: {http: {methods: [POST]}},
      rules: [{id: z, when: 'subject.path == "/b"', action: block, status: 429}]}
   - {id: low, version: 1, match: {http: {methods: [POST]}},
-     rules: [{id: a, when: 'subject.path == "/b"', action: block}, {id: never, when: 'subject.path == "/c"', action: block}]}
+     rules: [{id: a, when: 'subject.path == "/b"', action: block}, {id: never, when: 'false', action: block}]}
 """)
     (tmp_path / "p_test.yaml").write_text("""
 cases:

@@ -254,7 +254,7 @@ _EFFECTS = "one of read_only, side_effecting, unknown; check the spelling"
 def test_a_literal_that_a_normalised_or_fixed_value_never_is_is_refused(when: str, agent: str, reason: str) -> None:
     """Methods are upper-case, media types and hosts lower-case, events and tool effects a few fixed names: a rule
     comparing one (or a state field read from one) with another spelling never held, yet loaded."""
-    text = FIXED.replace("WHEN", repr(when or 'subject.path == "/x"')).replace("AGENT", repr(agent or 'subject.tool_name == "x"'))
+    text = FIXED.replace("WHEN", repr(when or "false")).replace("AGENT", repr(agent or "false"))
     with pytest.raises(PolicyError) as info:
         load_text(text, "p.yaml")
     assert (info.value.line, info.value.key) == ((7, "policies[0].rules[0].when") if when
@@ -278,7 +278,7 @@ def test_check_names_the_file_line_and_key_of_a_literal_a_method_never_is(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     policy = tmp_path / "m.yaml"
-    policy.write_text(FIXED.replace("WHEN", repr('subject.method == "post"')).replace("AGENT", repr('subject.tool_name == "x"')))
+    policy.write_text(FIXED.replace("WHEN", repr('subject.method == "post"')).replace("AGENT", "'false'"))
     assert main(["policy", "check", str(policy)]) == 1
     assert (f"{policy}:7: policies[0].rules[0].when: compares subject.method with \"post\", which it never is: "
             "subject.method is upper-case; write 'POST'") in capsys.readouterr().err
