@@ -17,7 +17,8 @@ included)::
                                                root path takes; what a parser reads of HTML and XML; one log line
                                                per interval; whether decoded bytes read as text, base64 as its
                                                readers decode it, and which characters a reader cannot see; the one
-                                               value of a single-value request header
+                                               value of a single-value request header; Host and Content-Type as
+                                               guard matches them
     guard.systemone                            wire types; the one answer check
     guard.verdict                              the Verdict type
     guard._body                                ASGI body reading and replay (worker and middleware)

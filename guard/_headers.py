@@ -7,15 +7,19 @@ client's credential stand for another's. The answer is 400 ``repeated_header``, 
 headers use, never 401: the request is malformed rather than unauthenticated, no credential in it was compared (so
 the answer tells nothing of any key), and a 401 with ``WWW-Authenticate`` would ask the client to send a credential
 it already sent twice.
+
+Also the ``Host`` and ``Content-Type`` values as guard matches them (:func:`host_name`, :func:`media_type`), which the
+middleware judges requests with and the policy loader checks a rule's literals against.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 from guard.errors import BodyError
 
-__all__ = ["REPEATED_HEADER", "sole_header"]
+__all__ = ["REPEATED_HEADER", "host_name", "media_type", "sole_header"]
 
 REPEATED_HEADER = "repeated_header"
 
@@ -34,3 +38,22 @@ def sole_header(headers: Iterable[tuple[bytes, bytes]], name: str) -> bytes | No
         raise BodyError(400, REPEATED_HEADER, f"the {name.lower()} header is sent more than once; send it once",
                         field=name.lower())
     return values[0] if values else None
+
+
+@functools.lru_cache(maxsize=64)
+def host_name(host: str) -> str:
+    """A ``Host`` value as the middleware matches it (lower-case, without port and trailing dot: ``API.example.com.:443``
+    -> ``api.example.com``), which ``guard policy test`` reads a case's host with too; remembered (a service answers
+    to a handful of names, and this runs for every request)."""
+    host = host.strip().lower()
+    if host.startswith("["):  # [v6]:port
+        return host[: host.find("]") + 1]
+    host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return host.removesuffix(".")
+
+
+@functools.lru_cache(maxsize=64)
+def media_type(value: str) -> str:
+    """The media type of a ``Content-Type`` value without its parameters, lower-case (``"application/json"``).
+    Remembered: a service sees a handful of values, and this runs for every request."""
+    return value.partition(";")[0].strip().lower()

@@ -19,9 +19,9 @@ handled here:
 
 from __future__ import annotations
 
-import functools
 import re
 
+from guard._headers import media_type
 from guard.errors import BodyError
 
 __all__ = [
@@ -83,13 +83,6 @@ _XML_DECL = re.compile(rb"<\?xml[^>]{0,200}?encoding\s*=\s*[\"']([^\"']{0,40})[\
 
 def _bad(reason: str, field: str) -> BodyError:
     return BodyError(400, "invalid_content_type", reason, field=field)
-
-
-@functools.lru_cache(maxsize=64)
-def media_type(value: str) -> str:
-    """The media type of a ``Content-Type`` value without its parameters, lower-case (``"application/json"``).
-    Remembered: a service sees a handful of values, and this runs for every request."""
-    return value.partition(";")[0].strip().lower()
 
 
 def _quoted(value: str, start: int, field: str) -> tuple[str, int]:

@@ -13,6 +13,7 @@ from urllib.parse import parse_qsl, quote, urlencode
 
 from starlette.types import Scope
 
+from guard._headers import host_name
 from guard._readable import INVISIBLE
 from guard.asgi._body_view import shown_body
 from guard.asgi._media import media_type
@@ -113,18 +114,6 @@ def _host(headers: dict[str, str], scope: Scope) -> str:
         server = scope.get("server")
         return str(server[0]).lower() if server else ""
     return host_name(host)
-
-
-@functools.lru_cache(maxsize=64)
-def host_name(host: str) -> str:
-    """A ``Host`` value as the middleware matches it (lower-case, without port and trailing dot: ``API.example.com.:443``
-    -> ``api.example.com``), which ``guard policy test`` reads a case's host with too; remembered (a service answers
-    to a handful of names, and this runs for every request)."""
-    host = host.strip().lower()
-    if host.startswith("["):  # [v6]:port
-        return host[: host.find("]") + 1]
-    host = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    return host.removesuffix(".")
 
 
 #: Longest client identity kept from a trusted proxy's entry that is not an IP address.

@@ -45,6 +45,7 @@ from typing import Any, get_args
 
 import cel
 
+from guard._headers import host_name, media_type
 from guard._json import surrogates_joined
 from guard.errors import GuardError
 from guard.policy import payloads, skeleton
@@ -792,24 +793,49 @@ def _compared_literals(masked: str, operand: str, *, calls: bool = False) -> lis
 
 
 #: What guard's subjects always hold in these fields (and a state field read from the source of the same name):
-#: ``upper``/``lower``-case text, or one of a few values.
+#: ``upper``-case text, a value as the middleware normalises it (``host``: :func:`~guard._headers.host_name`,
+#: ``media type``: :func:`~guard._headers.media_type`), or one of a few values.
 FIXED_VALUES: dict[str, str | tuple[str, ...]] = {
     "method": "upper",
-    "content_type": "lower",
-    "host": "lower",
+    "content_type": "media type",
+    "host": "host",
     "event": get_args(AgentEvent),
     "tool_effect": get_args(ToolEffect),
 }
 _HOW_SAID = {"==": "is", "startsWith": "starts with", "endsWith": "ends with", "contains": "contains"}
 
 
+def _normalised(values: str, value: str) -> tuple[str, str]:
+    """What a field of kind ``values`` (:data:`FIXED_VALUES`: ``"host"`` or ``"media type"``) holds for a request
+    that sends ``value``, and how that differs from ``value`` (``"has no port"``, ``"is lower-case"``)."""
+    written = value.strip()
+    if values == "host":
+        normal = host_name(value)
+        lowered = written.lower()
+        bracketed = lowered.startswith("[")
+        port = lowered != normal if bracketed else lowered.count(":") == 1
+        unported = lowered.rsplit(":", 1)[0] if port else lowered
+        differs = [(written != value, "has no surrounding spaces"), (lowered != written, "is lower-case"),
+                   (port, "has no port"), (not bracketed and unported.endswith("."), "has no trailing dot")]
+    else:
+        normal = media_type(value)
+        typed = value.partition(";")[0]
+        differs = [(typed.strip() != typed, "has no surrounding spaces"), (typed.lower() != typed, "is lower-case"),
+                   (";" in value, "has no parameters")]
+    return normal, ", ".join(why for holds, why in differs if holds)
+
+
 def fixed_value_errors(source: str, state_sources: Mapping[tuple[str, ...], str] | None = None) -> list[str]:
     """String literals a ``when`` compares (``==``, ``!=``, ``in [...]``, ``startsWith``, ``endsWith``,
     ``contains``) with a value guard normalises or takes from a fixed set (:data:`FIXED_VALUES`), which no request
     or agent event ever matches: ``subject.method == "post"`` (methods are upper-case), ``subject.host ==
-    "API.example.com"`` and ``subject.content_type`` (lower-case), ``subject.event == "toolcall"``, ``call.effect``
-    and ``subject.tool_effect == "sideeffecting"`` (fixed names), and the same for a state field read from one of
-    those sources (``state_sources``: a state field's path, ``("m",)`` for ``state.m``, to its source). Each error
+    "API.example.com"``, ``"api.example.com:8443"`` or ``"api.example.com."`` (lower-case, without port or trailing
+    dot), ``subject.content_type == "application/json; charset=utf-8"`` (the media type alone, lower-case),
+    ``subject.event == "toolcall"``, ``call.effect`` and ``subject.tool_effect == "sideeffecting"`` (fixed names),
+    and the same for a state field read from one of those sources (``state_sources``: a state field's path,
+    ``("m",)`` for ``state.m``, to its source). A literal compared whole (``==``, ``!=``, ``in``) with a host or
+    content type is refused when it is not what the normaliser makes of it; one given to ``startsWith``,
+    ``endsWith`` or ``contains`` only when it is not lower-case (``startsWith("application/")`` loads). Each error
     says what to write. A literal with an escape is not checked."""
     masked = _masked(source)
     operands = [(f"subject.{name}", ("subject", name), name) for name in FIXED_VALUES]
@@ -827,7 +853,10 @@ def fixed_value_errors(source: str, state_sources: Mapping[tuple[str, ...], str]
             said = f"compares {shown} with {source[start:end]}, which it never {_HOW_SAID[how]}"
             if values == "upper" and value != value.upper():
                 out.append(f"{said}: {shown} is upper-case; write {value.upper()!r}")
-            elif values == "lower" and value != value.lower():
+            elif values in ("host", "media type") and how == "==" and value != _normalised(values, value)[0]:
+                normal, why = _normalised(values, value)
+                out.append(f"{said}: {shown} {why}; write {normal!r}")
+            elif values in ("host", "media type") and how != "==" and value != value.lower():
                 out.append(f"{said}: {shown} is lower-case; write {value.lower()!r}")
             elif isinstance(values, tuple) and not any(_holds(how, one, value) for one in values):
                 out.append(f"{said}: {shown} is one of {', '.join(values)}; check the spelling")

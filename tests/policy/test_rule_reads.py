@@ -242,6 +242,19 @@ _EFFECTS = "one of read_only, side_effecting, unknown; check the spelling"
          "never starts with: subject.content_type is lower-case; write 'text/'")),
         ('subject.host == "API.example.com"', "", ("subject.host with \"API.example.com\", which it never "
          "is: subject.host is lower-case; write 'api.example.com'")),
+        ('subject.host == "API.example.com:8443"', "", ("subject.host with \"API.example.com:8443\", which it "
+         "never is: subject.host is lower-case, has no port; write 'api.example.com'")),
+        ('subject.host in ["a.example.com", "localhost:8080"]', "", ("subject.host with \"localhost:8080\", which "
+         "it never is: subject.host has no port; write 'localhost'")),
+        ('state.nested.h != "api.example.com."', "", ("state.nested.h with \"api.example.com.\", which it never is: "
+         "state.nested.h has no trailing dot; write 'api.example.com'")),
+        ('subject.host == "[FE80::1]:443"', "", ("subject.host with \"[FE80::1]:443\", which it never is: "
+         "subject.host is lower-case, has no port; write '[fe80::1]'")),
+        ('subject.content_type == "application/json; charset=UTF-8"', "", ("subject.content_type with "
+         "\"application/json; charset=UTF-8\", which it never is: subject.content_type has no parameters; "
+         "write 'application/json'")),
+        ('state.ct in ["Text/Plain; charset=utf-8"]', "", ("state.ct with \"Text/Plain; charset=utf-8\", which it "
+         "never is: state.ct is lower-case, has no parameters; write 'text/plain'")),
         ('state.nested.h.endsWith(".Example.com")', "", ("state.nested.h with \".Example.com\", which it "
          "never ends with: state.nested.h is lower-case; write '.example.com'")),
         ("", 'subject.event == "toolcall"', f'subject.event with "toolcall", which it never is: subject.event is {_EVENTS}'),
@@ -252,8 +265,9 @@ _EFFECTS = "one of read_only, side_effecting, unknown; check the spelling"
     ],
 )
 def test_a_literal_that_a_normalised_or_fixed_value_never_is_is_refused(when: str, agent: str, reason: str) -> None:
-    """Methods are upper-case, media types and hosts lower-case, events and tool effects a few fixed names: a rule
-    comparing one (or a state field read from one) with another spelling never held, yet loaded."""
+    """Methods are upper-case, media types lower-case without parameters, hosts lower-case without port or trailing
+    dot, events and tool effects a few fixed names: a rule comparing one (or a state field read from one) with
+    another spelling never held, yet loaded, and the error names the spelling that does."""
     text = FIXED.replace("WHEN", repr(when or "false")).replace("AGENT", repr(agent or "false"))
     with pytest.raises(PolicyError) as info:
         load_text(text, "p.yaml")
@@ -266,6 +280,9 @@ def test_a_literal_that_a_normalised_or_fixed_value_never_is_is_refused(when: st
     'subject.method == "POST" || state.m in ["PUT", "M-SEARCH"] || subject.method.startsWith("P")',
     'state.ct == "application/json" || subject.host.endsWith(".example.com") || state.nested.h != "a.b"',
     'state.named == "Unknown"',  # a field with a default may hold it
+    'subject.host in ["api.example.com", "[fe80::1]", "fe80::1", "localhost"] || state.nested.h != "10.0.0.1"',
+    'subject.content_type == "application/json" || subject.content_type.startsWith("application/")',
+    'state.ct.contains("json") || subject.host.startsWith("api.") || subject.host.endsWith(".example.com")',
     'subject.path == "/Admin" || subject.headers["x-mode"] == "POST" || state.ct == "a\\u0041"',
     'subject.method + "x" == "postx"',  # not the whole operand: not read
 ])
