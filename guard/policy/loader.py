@@ -748,9 +748,14 @@ class ViewMatch(NamedTuple):
 
 def policy_subjects(subject: HttpSubject, views: Mapping[str, HttpSubject]) -> dict[str, HttpSubject]:
     """``subject`` (built from :attr:`ViewMatch.subject`) as each policy of ``views`` is judged on it: its path the
-    view's (``Guard.aevaluate(views=...)``)."""
-    return {policy_id: dataclasses.replace(subject, path=view.path, sent_path=view.sent_path)
-            for policy_id, view in views.items()}
+    view's (``Guard.aevaluate(views=...)``). Policies judged on the same view share one copy: the engine asks the
+    model once for the policies that judge the same subject (the same object) and can share a request."""
+    copies: dict[tuple[str, str], HttpSubject] = {}
+    for view in views.values():
+        key = (view.path, view.sent_path)
+        if key not in copies:
+            copies[key] = dataclasses.replace(subject, path=view.path, sent_path=view.sent_path)
+    return {policy_id: copies[(view.path, view.sent_path)] for policy_id, view in views.items()}
 
 
 class PolicySet:

@@ -467,6 +467,45 @@ policies:
 
 
 @pytest.mark.anyio
+async def test_policies_judged_on_the_path_as_sent_share_one_model_request_beside_a_catch_all() -> None:
+    """Two policies for ``/Admin/**`` with the same state and backend ask the model once for ``/Admin/users``; a
+    catch-all matching the lower-cased view gave each its own copy of the subject, and so its own request."""
+    policies = """
+policies:
+  - id: a
+    version: 1
+    match: {http: {paths: ["/Admin/**"]}}
+    state: {route: path}
+    questions: {injection: {type: noul, instructions: "Is it an injection?"}}
+    rules: [{id: inj, when: 'injection.noul >= 0.9', action: block}]
+  - id: b
+    version: 1
+    match: {http: {paths: ["/Admin/**"]}}
+    state: {route: path}
+    questions: {spam: {type: noul, instructions: "Is it spam?"}}
+    rules: [{id: sp, when: 'spam.noul >= 0.9', action: block}]
+"""
+    catch_all = """
+  - id: any
+    version: 1
+    match: {http: {}}
+    rules: [{id: never, when: 'subject.path == "/nothing-here"', action: block}]
+"""
+
+    async def served(request: Request) -> JSONResponse:
+        return JSONResponse({"served": request.url.path})
+
+    for text in (policies, policies + catch_all):
+        backend = ScriptedBackend(scripted_answers)
+        guard = Guard(PolicySet(load_text(text)), backends=backend)
+        app = Starlette(routes=[Route("/{path:path}", served, methods=["GET"])],
+                        middleware=[Middleware(GuardMiddleware, guard=guard)])
+        async with client_for(app) as client:
+            answer = await client.get("/Admin/users")
+        assert (answer.status_code, backend.calls) == (200, 1), text
+
+
+@pytest.mark.anyio
 async def test_a_response_policy_watching_only_the_path_as_sent_judges_the_response_on_it() -> None:
     """As for requests: a response policy for ``/Admin/**`` judges ``/Admin/users``'s response with that path,
     beside a catch-all response policy that watches the lower-cased view."""
