@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import time
 import uuid
@@ -488,3 +489,29 @@ async def test_a_redis_change_whose_reply_is_lost_and_not_seen_made_is_of_unknow
     assert (await store.get(item.id)).decided_by == "bob"
     await store.aclose()
     await other.aclose()
+
+
+async def test_a_new_items_state_is_redacted_off_the_event_loop(
+    make_store: Callable[..., ReviewStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Building an item redacts its state and writes its view, which walk every key of a large body: both run on a
+    worker thread, so one large escalated body does not hold every other request; the item is still redacted."""
+    from guard.asgi import review_store
+
+    where: list[bool] = []
+    real = review_store._redacted_state
+
+    def redacted(state: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+            where.append(True)
+        except RuntimeError:
+            where.append(False)
+        return real(state)
+
+    monkeypatch.setattr(review_store, "_redacted_state", redacted)
+    store = make_store()
+    verdict = dataclasses.replace(_verdict(), state={"body": {"password": "hunter2-correct", "prompt": "maybe"}})
+    item = await store.create(verdict, subject={"method": "POST", "path": "/v1/chat"}, digest=digest_of(b"x"))
+    assert where == [False]
+    assert "hunter2-correct" not in str((await store.get(item.id)).state)
