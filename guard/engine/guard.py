@@ -297,13 +297,23 @@ class Guard:
             policies = self.policies.matching(subject)
         views = views or {}
         if not self.telemetry.tracing:  # no span to start: no context manager either (part of every cache hit)
-            return self._conclude(None, policies, subject,
-                                  *await self._decide_all(policies, subject, decision_id, started, cache_scope, views),
-                                  views=views)  # fmt: skip
+            verdict, lookup = await self._decide_all(policies, subject, decision_id, started, cache_scope, views)
+            if self._logs_off_loop(verdict, subject):
+                return await asyncio.to_thread(self._conclude, None, policies, subject, verdict, lookup, views=views)
+            return self._conclude(None, policies, subject, verdict, lookup, views=views)
         with self.telemetry.span(subject) as span:
-            return self._conclude(span, policies, subject,
-                                  *await self._decide_all(policies, subject, decision_id, started, cache_scope, views),
-                                  views=views)  # fmt: skip
+            verdict, lookup = await self._decide_all(policies, subject, decision_id, started, cache_scope, views)
+            if self._logs_off_loop(verdict, subject):
+                return await asyncio.to_thread(self._conclude, span, policies, subject, verdict, lookup, views=views)
+            return self._conclude(span, policies, subject, verdict, lookup, views=views)
+
+    def _logs_off_loop(self, verdict: Verdict, subject: Subject) -> bool:
+        """Whether the decision is recorded on a thread: its decision-log record copies and redacts every key and
+        string of the request (seconds for a body of tens of thousands of keys), so past
+        :data:`INLINE_DECISION_CHARS` of request data it is built and written off the event loop, before
+        :meth:`aevaluate` returns (the record is still written before the decision is acted on)."""
+        return (self.decision_log is not None and verdict.policy_id is not None
+                and carries_over(subject, INLINE_DECISION_CHARS))
 
     def _conclude(
         self, span: Any, policies: Sequence[Policy], subject: Subject, verdict: Verdict, lookup: Lookup | None, *,
@@ -507,12 +517,12 @@ class Guard:
         try:
             verdict, lookup = await self._own(plan, subject, raw, state, flags, source, decision_id, started, began)
             if not self.telemetry.tracing:
-                verdicts.record(self.telemetry, self.decision_log, verdict, subject, policy=plan.policy,
-                                cache=lookup)  # fmt: skip
+                await _run(self._logs_off_loop(verdict, subject), verdicts.record, self.telemetry, self.decision_log,
+                           verdict, subject, policy=plan.policy, cache=lookup)  # fmt: skip
                 return
             with self.telemetry.span(subject) as span:
-                verdicts.record(self.telemetry, self.decision_log, verdict, subject, policy=plan.policy,
-                                cache=lookup, span=span)  # fmt: skip
+                await _run(self._logs_off_loop(verdict, subject), verdicts.record, self.telemetry, self.decision_log,
+                           verdict, subject, policy=plan.policy, cache=lookup, span=span)  # fmt: skip
         except Exception:
             logger.exception("recording shadow policy %s of decision %s failed", plan.policy.id, decision_id)
 

@@ -149,3 +149,34 @@ def test_carries_over_counts_every_kind_of_request_data() -> None:
     assert carries_over(AgentSubject(event="tool_call", tool_name="t", arguments={}, history=history), 1000)
     assert carries_over(AgentSubject(event="tool_call", tool_name="t", arguments={"rows": [{"a": 1}] * 100}), 1000)
     assert not carries_over(AgentSubject(event="tool_call", tool_name="t", arguments={"to": "bob"}), 1000)
+
+
+async def test_a_large_requests_decision_record_is_built_on_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``INLINE_DECISION_CHARS`` of request data, the decision log's record (a redacted copy of every key of the
+    body: seconds for tens of thousands of keys) is built and written off the event loop, before ``aevaluate``
+    returns; a small request's is written inline. Both are written, in the order decided."""
+    import threading
+
+    from guard.engine.guard import INLINE_DECISION_CHARS
+    from guard.engine.telemetry import DecisionLog
+    from guard.policy import load_text
+
+    threads: list[int] = []
+    original = DecisionLog.event
+
+    def event(self: DecisionLog, *args: object, **kwargs: object) -> dict[str, object]:
+        threads.append(threading.get_ident())
+        return original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DecisionLog, "event", event)
+    lines: list[str] = []
+    keys = INLINE_DECISION_CHARS // 8
+    async with Guard(load_text(READS_TEXT), backends=FixtureBackend(), decision_log=DecisionLog(lines.append)) as guard:
+        await guard.aevaluate(post("/notes", {"text": "small", "password": "hunter2-correct"}))
+        large = {"text": "large", "password": "hunter2-correct", **{f"k{i}": "v" for i in range(keys)}}
+        await guard.aevaluate(post("/notes", large))
+        assert len(lines) == 2
+    loop_thread = threading.get_ident()
+    assert threads[0] == loop_thread and threads[1] != loop_thread
+    assert ['"small"' in lines[0], '"large"' in lines[1]] == [True, True]
+    assert "hunter2-correct" not in "".join(lines)
