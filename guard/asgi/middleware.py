@@ -575,10 +575,16 @@ class GuardMiddleware:
         self.metrics.count_request(verdict.policy_id or "", verdict.action)
         for policy_id in failed_open(verdict):
             self.metrics.count_fail_open(policy_id)
+        # masking the body and rendering the state it shows reviewers walk every key and string of the body: on a
+        # thread for a large or encoded one
+        large = _off_loop(body, encoded="content-encoding" in headers)
         if verdict.action in verdicts.MASKED_ACTIONS and verdict.redactions:
             # what goes on (to the app, to reviewers and on release, to a handoff target) is the masked request
             try:
-                body, scope = redacted_request(scope, value, verdict.redactions)
+                if large:
+                    body, scope = await asyncio.to_thread(redacted_request, scope, value, verdict.redactions)
+                else:
+                    body, scope = redacted_request(scope, value, verdict.redactions)
                 if verdict.action != "redact":
                     subject = with_body(head, query, *await self._parsed(body, headers), body)
             except BodyError as exc:  # named for the policy whose redaction cannot be applied
@@ -595,7 +601,11 @@ class GuardMiddleware:
             if verdict.redactions:  # reviewers see the state the escalating policy renders from the masked request
                 policy = next(p for p in matched if p.id == verdict.policy_id)
                 judged = policy_subjects(subject, views).get(policy.id, subject)
-                verdict = dataclasses.replace(verdict, state=_state_of(policy, judged))
+                if large:
+                    state = await asyncio.to_thread(_state_of, policy, judged)
+                else:
+                    state = _state_of(policy, judged)
+                verdict = dataclasses.replace(verdict, state=state)
             await hold(self, scope, send, subject, body, verdict, reads)
         else:
             policy = next(p for p in matched if p.id == verdict.policy_id)  # the policy whose rule handed off

@@ -381,9 +381,11 @@ class Guard:
         except Exception as exc:  # noqa: BLE001 - every failure goes to the fail mode; none escapes as a 500
             model = getattr(response, "model", None)  # None when no model answered
             return self._failed(policy, subject, exc, decision_id, started, state, flags, model), lookup
-        verdict = verdicts.answered(
-            policy, outcome, decision_id=decision_id, cache_hit=lookup in ("hit", "shared"), latency_ms=_since(started),
-            state=state, flags=flags, subject=subject,
+        # a redact outcome looks for its spans in every string of the body: on a thread for a large one
+        verdict = await _run(
+            large and outcome["redact"] is not None, verdicts.answered, policy, outcome, decision_id=decision_id,
+            cache_hit=lookup in ("hit", "shared"), latency_ms=_since(started), state=state, flags=flags,
+            subject=subject,
         )  # fmt: skip
         return verdict, lookup
 
@@ -502,9 +504,11 @@ class Guard:
         except Exception as exc:  # noqa: BLE001 - this policy's fail mode decides for it
             model = getattr(response, "model", None)
             return self._failed(policy, subject, exc, decision_id, started, state, policy_flags, model), None
-        verdict = verdicts.answered(
-            policy, outcome, decision_id=decision_id, cache_hit=lookup in ("hit", "shared"),
-            latency_ms=_since(started), state=state, flags=policy_flags, subject=subject,
+        # a redact outcome looks for its spans in every string of the body: on a thread for a large one
+        verdict = await _run(
+            outcome["redact"] is not None and carries_over(subject, INLINE_DECISION_CHARS), verdicts.answered, policy,
+            outcome, decision_id=decision_id, cache_hit=lookup in ("hit", "shared"), latency_ms=_since(started),
+            state=state, flags=policy_flags, subject=subject,
         )  # fmt: skip
         return verdict, lookup
 
