@@ -428,8 +428,7 @@ class LocalBackend:
             timeout: seconds for encoding, queueing and compute together; ``None`` waits for the answer.
             hold: called with the bytes the request's media tensors will hold
                 (:attr:`~guard.clef.encoding.EncodedRecord.media_bytes`; 4 images of 1,024 tokens are 96 MiB of
-                ``pixel_values``) and the most bytes decoding one of its images takes
-                (:meth:`~guard.clef.processor.ClefProcessor.image_decode_bytes`), counted from the images' headers before any is decoded or the encoding is
+                ``pixel_values``), counted from the images' headers before any is decoded or the encoding is
                 dispatched, and held until answered; an :class:`~guard.errors.Overloaded` it raises refuses the
                 request as a full queue does, before any decoding (the worker counts them with the request bodies in
                 memory).
@@ -571,17 +570,17 @@ class LocalBackend:
             ) from exc
 
     def _image_bytes(self, request: SystemOneRequestV1) -> int | None:
-        """The bytes the tensors of ``request``'s images will hold, with the most bytes decoding one of them takes,
-        counted from their headers, once the images are known to fit the prompt beside the schema (images that never
-        can are a 422 here, not a 429 from the hold); ``None`` for a schema that does not fit, which holds nothing, the
-        encoding refusing it before any image is decoded. Tokenizes the questions (:meth:`state_room`): run on an encoding thread."""
+        """The bytes the tensors of ``request``'s images will hold, counted from their headers, once the images are
+        known to fit the prompt beside the schema (images that never can are a 422 here, not a 429 from the hold);
+        ``None`` for a schema that does not fit, which holds nothing, the encoding refusing it before any image is
+        decoded. Tokenizes the questions (:meth:`state_room`): run on an encoding thread."""
         room = self.state_room(request.questions)
         if room < 0:
             return None
         processor = self.model.processor
         pads = processor.image_pads(request.images)
         processor.check_image_room(pads, room)
-        return processor.image_tensor_bytes(pads) + processor.image_decode_bytes(request.images)
+        return processor.image_tensor_bytes(pads)
 
     def _run_batch(self, jobs: Sequence[_Job]) -> list[SystemOneResponseV1]:
         """On the inference thread: one batched forward for ``jobs``, then each record's readout (in a

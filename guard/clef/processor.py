@@ -191,44 +191,13 @@ def _decoded(item: Any, image: Any, where: str) -> Any:
         image.load()
         if not isinstance(item, Image.Image):
             ImageOps.exif_transpose(image, in_place=True)
-            if image.mode != "RGB":
-                image = image.convert("RGB")
+            image = image.convert("RGB")
     except Exception as exc:  # a decoder of client bytes may raise any type (SyntaxError, EOFError, ...)
         raise RequestValidationError([FieldError(where, f"is not a decodable image ({exc})")]) from exc
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         white = Image.new("RGBA", image.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
-    if image.mode == "RGB" and image is not item:  # decoded from bytes here, not the caller's: no copy
-        return image
     return image.convert("RGB")
-
-
-def _decode_bytes(item: Any, image: Any) -> int:
-    """The most bytes decoding ``image`` (``item`` opened by :func:`open_image`, its header read) holds at once in
-    :func:`_decoded` and :meth:`ClefProcessor._image_pixels`, counted from its header: width x height x the larger of
-    the bytes per pixel of the two steps (a little more than measured for PNGs of 4096 x 4096 in each mode).
-
-    * turning it to RGB: the file's pixels as PIL holds them (1 byte for ``1``, ``L`` and ``P``, 2 for ``I;16``, 4 for
-      ``I``, ``F`` and any mode of more than one band) and the RGB image (4: PIL keeps RGB in 4 bytes), with the white
-      RGBA image, the RGBA copy and their composite (4 each) for an image with a transparent colour (or a PIL image
-      given with an alpha band: the alpha of one decoded from bytes is dropped when it is turned to RGB);
-    * reading it as an array: the RGB image (4), its bytes (3), the array copied from them (3) and the copy the resize
-      reads (3).
-    """
-    from PIL import Image
-
-    width, height = image.size
-    bands = image.getbands()
-    if len(bands) > 1 or image.mode in ("I", "F"):
-        source = 4
-    elif image.mode.startswith("I;16"):
-        source = 2
-    else:
-        source = 1
-    to_rgb = source + 4
-    if image.info.get("transparency") is not None or (isinstance(item, Image.Image) and "A" in bands):
-        to_rgb += 3 * 4
-    return width * height * max(to_rgb, 4 + 3 + 3 + 3)
 
 
 def open_image(item: Any, *, where: str = "images[0]") -> Any:
@@ -505,18 +474,6 @@ class ClefProcessor:
         opened = [open_image(item, where=f"images[{i}]") for i, item in enumerate(images)]
         return self._image_pads(opened, self._media_settings(media_kwargs or {}))
 
-    def image_decode_bytes(self, images: Sequence[Any]) -> int:
-        """Most bytes decoding ``images`` takes at once in :meth:`encode_media`, which decodes one at a time and drops
-        each once its rows are written: the largest image's :func:`_decode_bytes`, counted from the headers (no image
-        is decoded); 0 for no images or on a text-only checkpoint.
-
-        Raises:
-            RequestValidationError: as :func:`open_image`, naming ``images[i]``.
-        """
-        if not images or self.image_processor is None:
-            return 0
-        return max(_decode_bytes(item, open_image(item, where=f"images[{i}]")) for i, item in enumerate(images))
-
     def image_tensor_bytes(self, pads: Sequence[int]) -> int:
         """Bytes the tensors of images taking ``pads`` tokens each (:meth:`image_pads`) hold once encoded by
         :meth:`encode_media`: float32 ``pixel_values``, one row per patch, ``merge_size²`` patches per pad, and int64
@@ -610,11 +567,8 @@ class ClefProcessor:
         # filled in place, one decoded image at a time (dropped once processed): no second copy to concatenate
         pixel_values = torch.empty((sum(pads) * merge, self._patch_width()), dtype=torch.float32)
         grids, row = [], 0
-        for i in range(len(opened)):
-            decoded = _decoded(images[i], opened[i], f"images[{i}]")
-            opened[i] = None  # the file's pixels are dropped once turned to RGB, before the next image is decoded
-            rows, image_grid = self._image_pixels(decoded, settings)
-            del decoded
+        for i, image in enumerate(opened):
+            rows, image_grid = self._image_pixels(_decoded(images[i], image, f"images[{i}]"), settings)
             pixel_values[row:row + pads[i] * merge] = rows
             row += pads[i] * merge
             grids.append(image_grid)

@@ -16,8 +16,8 @@ Routes:
   disconnected, is dropped before compute. A full queue answers 429 (or 503) with ``Retry-After`` at once, before the
   body is read, and so does any request while the request bodies in memory (counted as their bytes arrive, held until
   the request is answered; a compressed body's decoded bytes from its decoding) are at ``max_pending_body_bytes``; a
-  body whose bytes, or decoded bytes, would pass it is refused the same way, and so is a request whose images' pixel tensors, once encoded, with the bytes decoding the largest takes, would
-  (counted from the images' headers before any is decoded, they count from then until the answer; a request alone may pass the limit, so one larger than it is
+  body whose bytes, or decoded bytes, would pass it is refused the same way, and so is a request whose images' pixel tensors, once encoded, would (counted from the images' headers before any
+  is decoded, they count from then until the answer; a request alone may pass the limit, so one larger than it is
   still served). A body that
   sends nothing for ``body_idle_timeout_s`` is a 408 ``body_timeout``. At most
   :data:`INTAKE_THREADS` bodies are decoded and parsed at a time, and a JSON document of more than
@@ -126,7 +126,7 @@ logger = logging.getLogger("guard.worker")
 #: Largest accepted request body (Workers AI documents 13 MiB; decision requests are far smaller).
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 #: Bytes of request bodies held in memory at once, from their arrival until their requests are answered, with the
-#: pixel tensors of their images and what decoding one takes: the body cap plus 128 MiB, so one request of four images of 1,024 tokens (96 MiB of
+#: pixel tensors of their images: the body cap plus 128 MiB, so one request of four images of 1,024 tokens (96 MiB of
 #: tensors) is served beside other traffic (seventeen bodies at the default cap, thousands of typical ones).
 DEFAULT_MAX_PENDING_BODY_BYTES = DEFAULT_MAX_BODY_BYTES + 128 * 1024 * 1024
 #: Longest a request body may send nothing before it is a 408 (a stalled upload gives back what it holds).
@@ -172,7 +172,7 @@ class WorkerConfig:
         max_pending_body_bytes: most bytes of request bodies held in memory at once, counted as they arrive and held
             until the request is answered (parsed, it waits for encoding and compute holding as much memory or
             more; a compressed body counts its decoded size once decoded, in place of the bytes received when
-            larger), with their images' pixel tensors and the bytes decoding the largest takes; while they are at it a new request is refused as a full queue
+            larger), with their images' pixel tensors; while they are at it a new request is refused as a full queue
             is, and so is a body whose next bytes, or decoded bytes, would pass it. At least ``max_body_bytes``; the worker logs a
             warning at start when it is below one request of four images at the largest size with its body at
             ``max_body_bytes``.

@@ -22,7 +22,6 @@ from guard.backends.base import PACKAGE_DIR, DecisionBackend, code_digest, insta
 from guard.backends.batcher import BatcherConfig, BatchInfo
 from guard.backends.local import LocalBackend, _probe_image
 from guard.backends.selftest import SELF_TEST_APART, SELF_TEST_REQUEST, clef_canaries
-from guard.clef import processor as processor_module
 from guard.clef.model import ClefModel
 from guard.errors import BackendRejected, BackendTimeout, BackendUnavailable, Overloaded
 from guard.systemone import QuestionV1, SystemOneRequestV1, confidence
@@ -122,37 +121,7 @@ async def test_images_that_can_never_fit_the_prompt_are_422_before_their_bytes_a
     assert never.value.status_code == 422 and never.value.detail == encoded.value.detail
     assert never.value.detail and never.value.detail[0]["field"] == "images"
     assert later.value.reason == "overloaded"
-    decoding = clef_fp32.processor.image_decode_bytes(fitting.images)
-    assert held == [clef_fp32.encode(fitting, max_length=1024).media_bytes + decoding]
-
-
-@pytest.mark.parametrize(("mode", "per_pixel"), [("RGB", 13), ("RGBA", 13), ("L", 13), ("P", 17)])
-async def test_an_image_is_held_at_its_decoded_size_before_it_is_decoded(
-    clef_fp32: ClefModel, monkeypatch: pytest.MonkeyPatch, mode: str, per_pixel: int
-) -> None:
-    """``hold`` took only an image's resized pixel tensors: a PNG of a few KB and 4096 x 4096 pixels, about 160 MiB
-    while decoded, held 24 MiB (review finding). It holds the most bytes decoding it takes, counted from its header
-    (width x height x bytes per pixel), beside the tensors, before it is decoded."""
-    image = Image.new(mode, (4096, 4096))
-    if mode == "P":
-        image.info["transparency"] = 0  # a transparent colour: composited onto white
-    out = io.BytesIO()
-    image.save(out, format="PNG")
-    big = request({**ticket_body(0), "images": [{"content_type": "image/png",
-                                                  "base64": base64.b64encode(out.getvalue()).decode()}]})
-    decoded: list[str] = []
-    held: list[int] = []
-
-    def full(size: int) -> None:
-        held.append(size)
-        raise Overloaded("memory for request bodies", 1, 1.0, counted="bytes")
-
-    async with LocalBackend(clef_fp32) as backend:  # once started: its self-test decodes an image
-        monkeypatch.setattr(processor_module, "_decoded", lambda item, image, where: decoded.append(where))
-        with pytest.raises(BackendUnavailable):
-            await backend.decide(big, hold=full)
-    pads = clef_fp32.processor.image_pads(big.images)
-    assert held == [clef_fp32.processor.image_tensor_bytes(pads) + 4096 * 4096 * per_pixel] and not decoded
+    assert held == [clef_fp32.encode(fitting, max_length=1024).media_bytes]
 
 
 async def test_images_are_checked_against_the_schema_on_an_encoding_thread(
