@@ -158,11 +158,16 @@ def decode_content(body: bytes, content_encoding: str | None, limit: int) -> byt
     return body
 
 
+#: The parameters a request is read by (the boundary, a part's name): their RFC 2231 forms count as copies of them.
+_READ_PARAMETERS = frozenset({"boundary", "name"})
+
+
 def _repeated_parameter(value: str) -> str | None:
     """The first parameter of a header value (``type; a=1; b="x;y"``) whose name, taken without regard to case, comes
     again later in it, or ``None``. The value is split at each ``;`` outside double quotes (a ``\\"`` is no quote), as
     python-multipart's :func:`parse_options_header` splits it; that function keeps the last copy of a repeated
-    parameter where other readers (Python's ``email``) keep the first.
+    parameter where other readers (Python's ``email``) keep the first. ``boundary*=...`` and ``name*=...`` are
+    copies of ``boundary`` and ``name`` (python-multipart skips them; Go's ``mime`` reads them instead).
     """
     segments: list[str] = []
     start, quoted = 0, False
@@ -176,6 +181,8 @@ def _repeated_parameter(value: str) -> str | None:
     seen: set[str] = set()
     for segment in segments[1:]:
         name = segment.partition("=")[0].strip(" \t").lower()
+        if name.partition("*")[0] in _READ_PARAMETERS:  # name*=UTF-8''x: RFC 2231's form of name, which python-
+            name = name.partition("*")[0]  # multipart skips and Go's mime reads in its place
         if not name:
             continue
         if name in seen:

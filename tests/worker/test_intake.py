@@ -174,6 +174,7 @@ def _form(boundary: str, parts: list[tuple[str, str]]) -> bytes:
     "multipart/form-data; boundary=aaa; boundary=bbb",
     "multipart/form-data; Boundary=aaa; boundary=bbb",
     'multipart/form-data; boundary="aaa;x"; charset=utf-8; BOUNDARY=bbb',
+    "multipart/form-data; boundary=bbb; boundary*=UTF-8''aaa",  # RFC 2231's form: Go's mime reads it instead
 ])
 def test_a_content_type_repeating_its_boundary_is_refused(content_type: str) -> None:
     """A repeated boundary was read as its last copy, where Python's ``email`` (and any first-wins reader in front)
@@ -189,6 +190,7 @@ def test_a_content_type_repeating_its_boundary_is_refused(content_type: str) -> 
     'form-data; name="scan"; name="notes"',
     'form-data; name="scan"; NAME="notes"',
     'form-data; name="scan;x"; filename="a.png"; name=notes',
+    "form-data; name=\"notes\"; name*=UTF-8''scan",
 ])
 def test_a_part_repeating_its_name_parameter_is_refused_naming_the_part(disposition: str) -> None:
     """``name="scan"; name="notes"`` was read as the part ``notes`` (the last copy); a first-wins reader sees
@@ -205,3 +207,6 @@ def test_parameters_sent_once_with_quoted_semicolons_and_escaped_quotes_are_read
     body = _form("b0undary", [('form-data; name="request"', "{}"), (disposition, "PNGDATA")])
     request, parts = _intake.split_multipart(body, 'multipart/form-data; charset=utf-8; boundary="b0undary"')
     assert request == b"{}" and list(parts) == ["scan"]
+    both = "form-data; name=\"scan\"; filename=\"na\u00efve.png\"; filename*=UTF-8''na%C3%AFve.png"  # RFC 6266
+    body = _form("b0undary", [('form-data; name="request"', "{}"), (both, "PNGDATA")])
+    assert list(_intake.split_multipart(body, "multipart/form-data; boundary=b0undary")[1]) == ["scan"]
