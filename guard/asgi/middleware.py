@@ -188,13 +188,19 @@ def _app_scope(scope: Scope, headers: HeaderList, *, judged: bool, view: PolicyV
     the decision's id the response carries (``x-guard-decision-id`` in ``headers``: an allowed, redacted or released
     request's) set as ``x-guard-decision-id``. A name spelled with ``_`` (``x_guard_decision_id``) is removed as well:
     a WSGI server reads ``_`` and ``-`` alike (``HTTP_X_GUARD_DECISION_ID``). With ``view``, the headers its
-    policies read are named in the :data:`READ_HEADERS_EXTENSION` extension."""
+    policies read are added to the :data:`READ_HEADERS_EXTENSION` extension: a guard in front of this one (two
+    stacked middlewares) named those its own policies read, which stay named (``None``, any header, if either is)."""
     dropped = {DECISION_ID_HEADER, *_REVIEW_REQUEST_HEADERS} if judged else {DECISION_ID_HEADER}
     kept = [(k, v) for k, v in scope["headers"] if k.lower().replace(b"_", b"-") not in dropped]
     kept += [(k, v) for k, v in headers if k == DECISION_ID_HEADER][:1]
     if view is None:
         return {**scope, "headers": kept}
-    extensions = {**(scope.get("extensions") or {}), READ_HEADERS_EXTENSION: view.read_headers}
+    extensions = dict(scope.get("extensions") or {})
+    read = view.read_headers
+    if READ_HEADERS_EXTENSION in extensions:
+        earlier = extensions[READ_HEADERS_EXTENSION]
+        read = None if earlier is None or read is None else read | earlier
+    extensions[READ_HEADERS_EXTENSION] = read
     return {**scope, "headers": kept, "extensions": extensions}
 
 class GuardMiddleware:

@@ -35,6 +35,7 @@ from starlette.routing import Route
 
 from guard.asgi.admin import admin_app
 from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S, DEFAULT_STREAM_HOLD_CHARS, BodyLimits
+from guard.asgi.middleware import GuardMiddleware
 from guard.asgi.proxy import ProxyApp, ProxyConfig, ReverseProxy, _client_trace_context, _forward_headers, proxy_app
 from guard.asgi.server import server_options
 from guard.cli import build_parser, main
@@ -797,20 +798,32 @@ ANY_HEADER_POLICY = DRY_RUN_POLICY.replace(
     "!subject.headers.exists(h, h == 'x-dry-run')")
 
 
-@pytest.mark.parametrize("policy", [DRY_RUN_POLICY, ANY_HEADER_POLICY])
-async def test_connection_cannot_remove_a_header_a_policy_read(upstream: tuple[Upstream, str], policy: str) -> None:
+#: A policy that reads no header, for the guard behind one that judges X-Dry-Run.
+NO_HEADER_POLICY = DRY_RUN_POLICY.replace("dry-run-only", "audit").replace(
+    "!('x-dry-run' in subject.headers) || subject.headers['x-dry-run'] != 'true'", "false")
+
+
+@pytest.mark.parametrize(("policy", "stacked"), [(DRY_RUN_POLICY, False), (ANY_HEADER_POLICY, False),
+                                                 (DRY_RUN_POLICY, True)])
+async def test_connection_cannot_remove_a_header_a_policy_read(
+    upstream: tuple[Upstream, str], policy: str, stacked: bool
+) -> None:
     """A policy blocks writes unless ``X-Dry-Run: true``: a client that sent it with ``Connection: x-dry-run`` was
     allowed, and the upstream, without the header, ran the write for real. A header a policy reads goes on whatever
-    ``Connection`` names; another named header does not, unless a rule may read any header (then none is removed)."""
+    ``Connection`` names; another named header does not, unless a rule may read any header (then none is removed).
+    ``stacked``: the policy is an outer ``GuardMiddleware``'s, in front of a proxy whose own guard reads no header
+    (the inner guard replaced the outer one's names, and the header was removed again)."""
     _, url = upstream
     guard = Guard(load_text(policy), backends=ScriptedBackend(lambda request: {}))
-    app = proxy_app(guard, ProxyConfig(url))
-    with serve_in_thread(app, proxy_headers=False) as proxy:
+    inner = Guard(load_text(NO_HEADER_POLICY if stacked else policy), backends=ScriptedBackend(lambda request: {}))
+    app = proxy_app(inner, ProxyConfig(url))
+    with serve_in_thread(GuardMiddleware(app, guard=guard) if stacked else app, proxy_headers=False) as proxy:
         async with httpx.AsyncClient(base_url=proxy, timeout=10) as client:
             live = await client.post("/v1/echo", content=b"write")
             dry = await client.post("/v1/echo", content=b"write", headers={
                 "x-dry-run": "true", "x-other": "1", "connection": "x-dry-run, x-other"})
     await guard.aclose()
+    await inner.aclose()
     assert live.status_code == 403 and dry.status_code == 200
     sent = dry.json()["headers"]
     assert sent["x-dry-run"] == "true"
