@@ -121,8 +121,8 @@ DEFAULT_REVIEW_PATH = "/_guard/reviews"
 #: ``request.state.guard``), set for allowed and redacted requests; absent when no policy matched.
 STATE_KEY = "guard"
 #: The ASGI scope extension (``scope["extensions"]``) that tells the application, a proxy behind the guard, which
-#: request headers the policies read: lower-case names, or ``None`` when a rule may read any header
-#: (:attr:`~guard.policy.PolicyView.read_headers`). :class:`~guard.asgi.proxy.ReverseProxy` lets no ``Connection``
+#: request headers the policies read: lower-case names as bytes, as an ASGI scope names headers, or ``None`` when a
+#: rule may read any header (:attr:`~guard.policy.PolicyView.read_header_names`). :class:`~guard.asgi.proxy.ReverseProxy` lets no ``Connection``
 #: header remove them.
 READ_HEADERS_EXTENSION = "guard.read_headers"
 #: The request header that tells the application which decision let the request through (the response's own).
@@ -196,7 +196,7 @@ def _app_scope(scope: Scope, headers: HeaderList, *, judged: bool, view: PolicyV
     if view is None:
         return {**scope, "headers": kept}
     extensions = dict(scope.get("extensions") or {})
-    read = view.read_headers
+    read = view.read_header_names
     if READ_HEADERS_EXTENSION in extensions:
         earlier = extensions[READ_HEADERS_EXTENSION]
         read = None if earlier is None or read is None else read | earlier

@@ -437,7 +437,7 @@ class ReverseProxy:
         read = extensions[READ_HEADERS_EXTENSION]
         if read is None:
             return set()
-        return named - {name.encode("latin-1") for name in read}
+        return named - read
 
     def _check_allowed(self, host: bytes | None, kept: list[tuple[bytes, bytes]]) -> None:
         """Refuse a request whose host is not one of ``allowed_hosts``: a ``Host`` (well-formed, see :meth:`_headers`)

@@ -41,7 +41,7 @@ from guard.policy._state import (
 from guard.policy._yaml import LineMap, format_path, load_yaml, read_policy_file
 from guard.policy._yaml import Path as KeyPath
 from guard.policy.model import MAX_QUESTION_TEXT_CHARS, PATTERN_HINTS, PolicyFileSpec, PolicySpec, SourceSpec, keys_at
-from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion
+from guard.policy.policy import DEFAULT_MODEL, FailPolicy, HandoffTarget, Policy, PolicyQuestion, rule_header_reads
 from guard.policy.provenance import CALL_KEYS, RESULT_KEYS, ToolSpec
 from guard.policy.redact import Redactor, compile_pattern
 from guard.policy.rules import (
@@ -71,6 +71,7 @@ __all__ = [
 logger = logging.getLogger("guard.policy")
 
 _CEL_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_HEADER_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an RFC 9110 field name (token)
 _COMPACT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # non-string question text, measured
 
 #: Most problems one load collects; past it a last problem says how many more there were (a file of 60,000 unknown
@@ -281,7 +282,9 @@ def _compile(
         for reason in pattern_problems:
             problem(("rules", i, "when"), reason)
         for reason in [*answer_literal_errors(rule.when, wires, file_spec.data), *header_name_errors(rule.when),
-                       *fixed_value_errors(rule.when, state_sources)]:
+                       *fixed_value_errors(rule.when, state_sources),
+                       *(_header_token_error(f"the header {name!r} this rule reads")
+                         for name in sorted(rule_header_reads(rule.when) or ()) if not _HEADER_TOKEN.fullmatch(name))]:
             problem(("rules", i, "when"), reason)
             literal_errors.add(rule.id)
         outcome = _outcome(rule, ("rules", i), file_spec, problem)
@@ -297,6 +300,10 @@ def _compile(
     for i, rule in enumerate(spec.rules):
         if rule.id in failures and rule.id not in literal_errors:  # already said, more plainly
             problem(("rules", i, "when"), failures[rule.id])
+    if spec.match.http is not None:
+        for name in spec.match.http.headers:
+            if not _HEADER_TOKEN.fullmatch(name):
+                problem(("match", "http", "headers", name), _header_token_error(f"the header name {name!r}"))
     default = _outcome(spec.default, ("default",), file_spec, problem)
     _check_actions(spec, problem)
     on_error = None
@@ -600,6 +607,11 @@ def _state(spec: PolicySpec, problem: Any) -> tuple[StateField, ...] | None:
     return tuple(fields)
 
 
+def _header_token_error(what: str) -> str:
+    return (f"{what} is not an HTTP field name (RFC 9110: letters, digits and !#$%&'*+-.^_`|~): no request has "
+            "such a header")
+
+
 def _state_field(name: str, source: SourceSpec, kinds: set[str], problem: Any) -> StateField | None:
     fields_set = source.model_fields_set
     given = [key for key in ("from_", "const", "fields") if key in fields_set]
@@ -643,6 +655,8 @@ def _state_field(name: str, source: SourceSpec, kinds: set[str], problem: Any) -
         problem(("name",), f"'name' applies to {', '.join(sorted(NAMED_SOURCES))}, not {src}")
     if src == "header" and source.name is None:
         problem(("name",), "a header source needs 'name' (e.g. header:user-agent); headers are never sent whole")
+    elif src == "header" and source.name is not None and not _HEADER_TOKEN.fullmatch(source.name):
+        problem(("name",), _header_token_error(f"the header name {source.name!r}"))
     if "repeated" in fields_set:
         if src not in NAMED_SOURCES or source.name is None:
             problem(("repeated",), "'repeated' says how to read a query parameter, form field or header sent more "
@@ -669,15 +683,19 @@ class PolicyView:
         response: the response policies among them (``match.http.response``), in match order.
         read_headers: the request headers (lower-case names) some HTTP policy's ``match`` names or its state or rules
             read (:attr:`~guard.policy.Policy.http_reads`); ``None`` when a rule may read any header.
+        read_header_names: :attr:`read_headers` as the header names of an ASGI scope (bytes), made once per view.
     """
 
     policies: tuple[Policy, ...]
     response: tuple[Policy, ...] = field(init=False)
     read_headers: frozenset[str] | None = field(init=False)
+    read_header_names: frozenset[bytes] | None = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "response", _response_policies(self.policies))  # once, while being built
-        object.__setattr__(self, "read_headers", _read_headers(self.policies))
+        read = _read_headers(self.policies)
+        object.__setattr__(self, "read_headers", read)
+        object.__setattr__(self, "read_header_names", None if read is None else frozenset(n.encode() for n in read))
 
     def matching(self, subject: Subject) -> tuple[Policy, ...]:
         """Every policy that matches ``subject``, in match order (all of them decide, ``docs/policies.md``)."""

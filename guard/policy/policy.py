@@ -25,7 +25,8 @@ from guard.subject import AgentSubject, HttpSubject, Subject
 from guard.systemone import ID_PATTERN, QuestionV1, SystemOneRequestV1
 from guard.verdict import FailMode
 
-__all__ = ["DEFAULT_MODEL", "FailPolicy", "HandoffTarget", "HttpReads", "Policy", "PolicyQuestion", "policy_label"]
+__all__ = ["DEFAULT_MODEL", "FailPolicy", "HandoffTarget", "HttpReads", "Policy", "PolicyQuestion", "policy_label",
+           "rule_header_reads"]
 
 logger = logging.getLogger("guard.policy")
 
@@ -160,6 +161,12 @@ def _rule_reads(source: str) -> tuple[set[str] | None, bool, bool]:
     if len(_SUBJECT_FIELD.findall(source)) != len(re.findall(r"\bsubject\b", source)):
         return None, True, True  # subject read whole (passed to a function, indexed)
     return (None, True, path) if any_header else (names, client, path)
+
+
+def rule_header_reads(source: str) -> set[str] | None:
+    """The lower-case header names one ``when`` reads (what :attr:`Policy.http_reads` takes from it); ``None`` when
+    it may read any header."""
+    return _rule_reads(source)[0]
 
 
 def policy_label(policy_id: str, version: str, digest: str) -> str:

@@ -9,6 +9,7 @@ import pytest
 
 from guard.errors import PolicyError
 from guard.policy import HandoffTarget, PolicyLoadError, load_files, load_text
+from guard.policy.loader import PolicyView
 
 BASE = """\
 policies:
@@ -173,6 +174,37 @@ def test_errors_name_line_and_key(old: str, new: str, line: int, key: str, reaso
     error = load_error(BASE.replace(old, new, 1))
     assert (error.line, error.key) == (line, key), str(error)
     assert reason in error.reason, error.reason
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "line", "key"),
+    [
+        ("      http: {methods: [POST]}\n", '      http: {methods: [POST], headers: {"x-\u20ac": "a"}}\n', 5,
+         "policies[0].match.http.headers.x-\u20ac"),
+        ("    questions:\n", '    state: {euro: "header:x-\u20ac"}\n    questions:\n', 6, "policies[0].state.euro.name"),
+        ("    questions:\n", "    state: {euro: {from: header, name: 'x y'}}\n    questions:\n", 6,
+         "policies[0].state.euro.name"),
+        ("        when: urgency.score >= 1.5", "        when: subject.headers['x-\u20ac'] == 'a'", 17,
+         "policies[0].rules[0].when"),
+        ("        when: urgency.score >= 1.5", "        when: \"'x:y' in subject.headers\"", 17,
+         "policies[0].rules[0].when"),
+    ],
+)
+def test_a_header_name_no_request_can_have_is_a_load_error(old: str, new: str, line: int, key: str) -> None:
+    """A header name outside RFC 9110's token characters (``x-\u20ac``, a space) loaded, and the proxy failed every
+    request that had a ``Connection`` header on encoding it (500): such a name is refused where it is written."""
+    assert old in BASE
+    error = load_error(BASE.replace(old, new, 1))
+    assert (error.line, error.key) == (line, key), str(error)
+    assert "is not an HTTP field name" in error.reason, error.reason
+
+
+def test_a_views_read_header_names_are_made_once_as_bytes() -> None:
+    text = BASE.replace("      http: {methods: [POST]}\n", "      http: {methods: [POST], headers: {x-tier: gold}}\n")
+    text = text.replace("urgency.score >= 1.5", "urgency.score >= 1.5 && subject.headers['x-dry-run'] == 'a'")
+    view = PolicyView(tuple(load_text(text)))
+    assert view.read_headers == {"x-tier", "x-dry-run"}
+    assert view.read_header_names == {b"x-tier", b"x-dry-run"}
 
 
 def test_all_problems_are_reported_and_a_bad_question_does_not_cascade() -> None:
