@@ -11,7 +11,8 @@ and the headers it names, ``Keep-Alive``, ``Transfer-Encoding``, ``TE``, ``Trail
 sent. A ``Host`` that is not ``host[:port]`` is a 400 ``invalid_host``; so, with ``ProxyConfig.allowed_hosts``, is a
 request whose ``Host`` names no host listed there or that has none (it would reach the upstream as
 ``X-Forwarded-Host``), and a trusted ``X-Forwarded-Host`` or ``Forwarded`` ``host=`` naming another host. ``Connection`` never removes ``Content-Type``,
-``Content-Encoding``, a method override header, ``X-Guard-Decision-Id``, the guard's ``tenant_header`` or a header its
+``Content-Encoding``, a method override header, ``X-Guard-Decision-Id``, the guard's ``tenant_header`` and
+``client_header`` or a header its
 policies read (and no header at all where a rule may read any: :data:`~guard.asgi.middleware.READ_HEADERS_EXTENSION`);
 under ``method_override="judge"`` an override header spelled with ``_`` (names the proxy drops) is a 400
 ``method_override``, so the upstream never runs a method guard did not judge.
@@ -275,12 +276,15 @@ class ReverseProxy:
             spelled with ``_``, which the proxy does not forward, is refused (400 ``method_override``).
         tenant_header: the guard in front's ``tenant_header``: a request's ``Connection`` cannot name it for
             removal, so the upstream gets the tenant the guard read.
+        client_header: the guard in front's ``client_header``: likewise, so the upstream gets the client address
+            the guard judged.
 
     ``health`` tracks the upstream's recent outcomes (a refused or timed-out connection makes it ``failing``).
     """
 
     def __init__(self, config: ProxyConfig, *, metrics: HttpMetrics | None = None,
-                 judged_overrides: bool = False, tenant_header: str | None = None) -> None:
+                 judged_overrides: bool = False, tenant_header: str | None = None,
+                 client_header: str | None = None) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else HttpMetrics()
         self.health = FailureTracker()
@@ -293,8 +297,8 @@ class ReverseProxy:
         self._forwarded_prefix = None if config.trust_forwarded else _FORWARDED_PREFIX
         self._allowed_hosts = tuple(compile_glob(h.strip().lower(), ".") for h in config.allowed_hosts)
         self._judged_overrides = _OVERRIDES if judged_overrides else frozenset()
-        tenant = {tenant_header.lower().encode("latin-1")} if tenant_header else set()
-        self._not_removable = _NOT_REMOVABLE | tenant
+        named = {header.lower().encode("latin-1") for header in (tenant_header, client_header) if header}
+        self._not_removable = _NOT_REMOVABLE | named
         origin = self.base.scheme.encode() + b"://" + self._host.lower()
         self._origins = (origin,) if self.base.port else (origin, origin + b":%d" % port)  # the port left out or not
         self._pool = UpstreamPool(self.base.host, port, tls=tls, max_connections=config.max_connections,
@@ -759,7 +763,8 @@ def proxy_app(
     """
     metrics: HttpMetrics = middleware_options.pop("metrics", None) or HttpMetrics()
     proxy = ReverseProxy(config, metrics=metrics, judged_overrides=middleware_options.get("method_override") == "judge",
-                         tenant_header=middleware_options.get("tenant_header"))
+                         tenant_header=middleware_options.get("tenant_header"),
+                         client_header=middleware_options.get("client_header"))
     guarded = GuardMiddleware(proxy, guard=guard, metrics=metrics, **middleware_options)
     relay = WebSocketRelay(guard, proxy.base, proxy.upgrade_headers, open_timeout=config.connect_timeout,
                            client_header=guarded.client_header, max_open=config.max_websockets,

@@ -766,19 +766,23 @@ async def test_connect_is_refused_and_never_forwarded(make_guard: GuardFactory, 
             assert body["code"] == "invalid_target" and body["field"] == "method" and "CONNECT" in body["message"]
     assert server.calls[calls:] == []
 
-async def test_connection_cannot_remove_the_decision_id_or_the_tenant_header(make_guard: GuardFactory) -> None:
-    """``Connection: x-guard-decision-id, x-tenant`` from a client removed, after ``GuardMiddleware`` set it, the
-    decision's id the upstream logs by, and the tenant header the guard read: both go on; another named header does
-    not."""
-    app = proxy_app(make_guard(), ProxyConfig("http://127.0.0.1:9"), tenant_header="X-Tenant")
+async def test_connection_cannot_remove_the_decision_id_or_the_tenant_or_client_header(make_guard: GuardFactory
+                                                                                       ) -> None:
+    """``Connection: x-guard-decision-id, x-tenant, x-real-ip`` from a client removed, after ``GuardMiddleware`` set
+    it, the decision's id the upstream logs by, the tenant header the guard read and the client header it judged the
+    client address by: all go on; another named header does not."""
+    config = ProxyConfig("http://127.0.0.1:9", trust_forwarded=True)
+    app = proxy_app(make_guard(), config, tenant_header="X-Tenant", client_header="X-Real-IP")
     scope = {"type": "http", "scheme": "http", "headers": [
-        (b"host", b"api.example"), (b"connection", b"X-Guard-Decision-Id, x-tenant, x-other"),
-        (b"x-tenant", b"acme"), (b"x-other", b"1"), (b"x-guard-decision-id", b"d-1")]}
+        (b"host", b"api.example"), (b"connection", b"X-Guard-Decision-Id, x-tenant, x-real-ip, x-other"),
+        (b"x-tenant", b"acme"), (b"x-real-ip", b"10.0.0.7"), (b"x-other", b"1"), (b"x-guard-decision-id", b"d-1")]}
     headers, _ = app.proxy._headers(scope)
     assert (b"x-guard-decision-id", b"d-1") in headers and (b"x-tenant", b"acme") in headers
+    assert (b"x-real-ip", b"10.0.0.7") in headers
     assert not any(k == b"x-other" for k, _ in headers)
-    plain, _ = ReverseProxy(ProxyConfig("http://127.0.0.1:9"))._headers(scope)  # no tenant header configured
-    assert (b"x-guard-decision-id", b"d-1") in plain and (b"x-tenant", b"acme") not in plain
+    plain, _ = ReverseProxy(config)._headers(scope)  # no tenant or client header configured
+    assert (b"x-guard-decision-id", b"d-1") in plain
+    assert (b"x-tenant", b"acme") not in plain and (b"x-real-ip", b"10.0.0.7") not in plain
 
 
 DRY_RUN_POLICY = r"""
