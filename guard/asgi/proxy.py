@@ -10,7 +10,8 @@ and the headers it names, ``Keep-Alive``, ``Transfer-Encoding``, ``TE``, ``Trail
 ``X-Original-Host``, dropped unless ``ProxyConfig.trust_forwarded``): ``X-Forwarded-Host`` is the request's ``Host`` as
 sent. A ``Host`` that is not ``host[:port]`` is a 400 ``invalid_host``; so, with ``ProxyConfig.allowed_hosts``, is a
 request whose ``Host`` names no host listed there or that has none (it would reach the upstream as
-``X-Forwarded-Host``), and a trusted ``X-Forwarded-Host`` or ``Forwarded`` ``host=`` naming another host. ``Connection`` never removes ``Content-Type``,
+``X-Forwarded-Host``), and a trusted ``X-Forwarded-Host``, ``X-Host``, ``X-Original-Host`` or ``Forwarded``
+``host=`` naming another host. ``Connection`` never removes ``Content-Type``,
 ``Content-Encoding``, a method override header, ``X-Guard-Decision-Id``, the guard's ``tenant_header`` and
 ``client_header`` or a header its
 policies read (and no header at all where a rule may read any: :data:`~guard.asgi.middleware.READ_HEADERS_EXTENSION`);
@@ -259,6 +260,8 @@ _FORWARDED = frozenset({b"x-forwarded-proto", b"x-forwarded-host", b"forwarded",
                         b"x-url-scheme", b"x-scheme", b"cloudfront-forwarded-proto", b"x-arr-ssl", b"forwarded-proto",
                         b"x-host", b"x-original-host"})
 _FORWARDED_PREFIX = b"x-forwarded-"
+#: The headers among them that name the host, a list of ``host[:port]`` (``allowed_hosts`` checks each entry).
+_HOST_CLAIMS = frozenset({b"x-forwarded-host", b"x-host", b"x-original-host"})
 #: Request headers that name another target than the request line's, which some upstreams route on (IIS URL Rewrite,
 #: older Symfony and Zend): a request guard matched as ``/other`` would be served as the ``/v1/admin`` they name.
 _REWRITES = frozenset({b"x-original-url", b"x-rewrite-url"})
@@ -446,8 +449,9 @@ class ReverseProxy:
     def _check_allowed(self, host: bytes | None, kept: list[tuple[bytes, bytes]]) -> None:
         """Refuse a request whose host is not one of ``allowed_hosts``: a ``Host`` (well-formed, see :meth:`_headers`)
         none of the globs matches, no ``Host`` (HTTP/1.0) or an empty one, and, under ``trust_forwarded``, an
-        ``X-Forwarded-Host`` entry or ``Forwarded`` ``host=`` the headers ``kept`` for the upstream hold that names
-        another host: an application behind the proxy reads those as the host the client asked for.
+        ``X-Forwarded-Host``, ``X-Host`` or ``X-Original-Host`` entry or ``Forwarded`` ``host=`` the headers ``kept``
+        for the upstream hold that names another host: an application behind the proxy reads those as the host the
+        client asked for.
 
         Raises:
             BodyError: 400 ``invalid_host``, ``field`` the header at fault.
@@ -457,7 +461,7 @@ class ReverseProxy:
                             "proxy serves only the hosts it is configured for", field="host")
         self._check_listed(host, "host")
         for name, value in kept:
-            if name == b"x-forwarded-host":
+            if name in _HOST_CLAIMS:
                 entries = [entry.strip() for entry in value.split(b",")]
             elif name == b"forwarded":
                 entries = [entry.strip().encode("latin-1") for entry in forwarded_hosts(value.decode("latin-1"))]

@@ -198,7 +198,8 @@ async def test_allowed_hosts_refuse_a_request_without_host_and_trusted_forwarded
     """With ``allowed_hosts``, a request without ``Host`` (HTTP/1.0) or with an empty one was forwarded unjudged (a
     ``hosts:``-scoped policy never matched it), and under ``trust_forwarded`` a client's ``X-Forwarded-Host`` or
     ``Forwarded`` ``host=`` outside the list reached the upstream; each is now a 400 ``invalid_host``, and so is a
-    ``host=`` inside a quoted ``Forwarded`` value, which Rack reads (it splits at ``;`` and ``,`` ignoring quotes)."""
+    ``host=`` inside a quoted ``Forwarded`` value, which Rack reads (it splits at ``;`` and ``,`` ignoring quotes),
+    and an ``X-Host`` or ``X-Original-Host``, which other frameworks read as the host."""
     head_with = b"GET /x HTTP/1.1\r\nHost: api.example.com\r\n%s\r\nConnection: close\r\n\r\n"
     async with raw_upstream(_ok) as (url, heads):
         answers = {}
@@ -211,6 +212,8 @@ async def test_allowed_hosts_refuse_a_request_without_host_and_trusted_forwarded
                     ("empty host", b"GET /x HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n"),
                     ("x-forwarded-host", head_with % b"X-Forwarded-Host: api.example.com, evil.example"),
                     ("forwarded", head_with % b'Forwarded: for=1.2.3.4;host="evil.example"'),
+                    ("x-host", head_with % b"X-Host: evil.example"),
+                    ("x-original-host", head_with % b"X-Original-Host: api.example.com, evil.example"),
                     # Rack splits Forwarded at every ';' and ',', quotes or not: it reads host=evil.example here
                     ("quoted", head_with % b'Forwarded: for="x;host=evil.example"'),
                     ("quoted comma", head_with % b'Forwarded: for="x,host=evil.example", for=10.0.0.1'),
@@ -229,8 +232,10 @@ async def test_allowed_hosts_refuse_a_request_without_host_and_trusted_forwarded
         (True, "listed"): (b"200", None),
         (False, "quoted"): (b"200", None), (False, "quoted comma"): (b"200", None),
         (True, "quoted"): (b"400", "forwarded"), (True, "quoted comma"): (b"400", "forwarded"),
+        (False, "x-host"): (b"200", None), (False, "x-original-host"): (b"200", None),
+        (True, "x-host"): (b"400", "x-host"), (True, "x-original-host"): (b"400", "x-original-host"),
     }
-    assert len(heads) == 6 and b"x-forwarded-host: API.example.com:443\r\n" in heads[5]
+    assert len(heads) == 8 and b"x-forwarded-host: API.example.com:443\r\n" in heads[7]
 
 
 async def test_an_upstream_status_outside_100_to_599_is_a_502(judge_guard: Guard) -> None:
