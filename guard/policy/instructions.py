@@ -61,10 +61,10 @@ import re
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from urllib.parse import unquote
 
 from guard._json import JSON_LEVELS, json_offsets, json_strings
+from guard.policy._memo import text_memo
 
 __all__ = ["MERGE_GAP", "STRIPPED_MARKER", "Detector", "Span", "find_instructions", "strip_spans"]
 
@@ -72,6 +72,8 @@ __all__ = ["MERGE_GAP", "STRIPPED_MARKER", "Detector", "Span", "find_instruction
 MERGE_GAP = 3
 #: Texts remembered by :func:`find_instructions` (a turn's tool results are checked again for every later call).
 _CACHED_TEXTS = 1024
+#: Characters of those texts remembered at most (least recently used first out; 16 to 64 MB: 1 to 4 bytes a character).
+_CACHED_CHARS = 16_000_000
 
 
 @dataclass(frozen=True)
@@ -417,7 +419,7 @@ def _segments(text: str) -> list[tuple[int, int]]:
     return out
 
 
-@lru_cache(maxsize=_CACHED_TEXTS)
+@text_memo(max_entries=_CACHED_TEXTS, max_chars=_CACHED_CHARS)
 def find_instructions(text: str) -> tuple[Span, ...]:
     """The spans of ``text`` that give the agent instructions, in order; ``()`` when there are none.
 
@@ -432,7 +434,8 @@ def find_instructions(text: str) -> tuple[Span, ...]:
         Non-overlapping :class:`Span` objects, ``text[span.start:span.end]`` being the instruction (segments merged
         when at most :data:`MERGE_GAP` apart; a span found in a JSON string covers the characters and escapes that
         write it, and spans that overlap are one). Cost: linear in the text (a few regular expressions per segment,
-        per JSON string); results for the last :data:`_CACHED_TEXTS` texts are remembered.
+        per JSON string); results for the last :data:`_CACHED_TEXTS` texts are remembered, at most
+        :data:`_CACHED_CHARS` characters of them in all.
     """
     spans = _find(text)
     inner = _in_json_strings(text, JSON_LEVELS)

@@ -74,9 +74,10 @@ part of a longer address, host name or number (:func:`_marks`)):
   ``0.500`` are ``0.5`` only).
 
 Cost: each message's normalised forms are computed once per text (remembered for the last
-:data:`CACHED_TEXTS` texts); a lookup is a few substring searches per argument, and a trace checks at most
-:data:`MAX_REJECTED` places where a value is found but not as a whole token (past them the argument is
-``flagged_tool_result`` when a message in the history is flagged, else ``none``).
+:data:`CACHED_TEXTS` texts, at most :data:`CACHED_CHARS` characters in all, least recently used first out); a lookup
+is a few substring searches per argument, and a trace checks at most :data:`MAX_REJECTED` places where a value is
+found but not as a whole token (past them the argument is ``flagged_tool_result`` when a message in the history is
+flagged, else ``none``).
 ``bench/provenance_latency.py`` measures a 10-message turn.
 """
 
@@ -95,11 +96,13 @@ from functools import cached_property, lru_cache, partial
 from typing import Any, Literal
 from urllib.parse import unquote
 
+from guard.policy._memo import text_memo
 from guard.policy.instructions import Detector, Span, find_instructions
 from guard.policy.normalize import normalize_text, remove_ignorable
 from guard.subject import AgentSubject, Subject, TurnMessage
 
 __all__ = [
+    "CACHED_CHARS",
     "CACHED_TEXTS",
     "CALL_KEYS",
     "CODE_TOOLS",
@@ -132,8 +135,14 @@ RESULT_KEYS = frozenset({"instructions", "cues", "chars", "unread"})
 #: Characters of a tool result the detector reads (its head; about half a CPU second): the rest is reported unread
 #: (``result.unread``), never looked at (10 MB would take the detector half a minute).
 DETECTOR_MAX_CHARS = 200_000
-#: Message texts whose normalised forms are remembered.
+#: Message texts whose normalised forms are remembered (entries of each memo table: :func:`_prepare`,
+#: :func:`_normalised`, :func:`_split_tool_text`, :func:`_near_misses`).
 CACHED_TEXTS = 2048
+#: Characters each of those tables holds at most (its keys, and its results as :func:`_prepared_chars` counts them):
+#: past it the least recently used entries go, so a table holds 16 to 64 MB of text (1 to 4 bytes a character) and a
+#: long text that every call of a conversation reads stays remembered (:class:`guard.policy._memo.TextMemo`). Not
+#: counted: the set of numbers a text holds (:attr:`_Prepared.numbers`, made when a number is looked for in it).
+CACHED_CHARS = 16_000_000
 #: Shortest value (normalised characters) matched as text; shorter strings are found anywhere and carry no evidence.
 MIN_TEXT_CHARS = 3
 #: Different identifiers inside one composed text (:func:`_embedded`) traced one by one; a text holding more (a
@@ -363,12 +372,18 @@ def _numbers(folded: str) -> frozenset[str]:
     return frozenset(points | {_comma_number(w) for w in _COMMA_NUMBER.findall(folded)})
 
 
-@lru_cache(maxsize=CACHED_TEXTS)
+def _prepared_chars(prepared: _Prepared) -> int:
+    """The characters a memo counts for a :class:`_Prepared`: its folded text and, computed or not, its compact and
+    URL forms (each at most as long as the text)."""
+    return 3 * len(prepared.text)
+
+
+@text_memo(max_entries=CACHED_TEXTS, max_chars=CACHED_CHARS, result_chars=_prepared_chars)
 def _prepare(text: str) -> _Prepared:
     return _Prepared(_fold(text))
 
 
-@lru_cache(maxsize=CACHED_TEXTS)
+@text_memo(max_entries=CACHED_TEXTS, max_chars=CACHED_CHARS, result_chars=len)
 def _normalised(text: str) -> str:
     """``text`` normalised (:func:`guard.policy.normalize.normalize_text`)."""
     return normalize_text(text).value
@@ -400,7 +415,12 @@ def _detected(text: str, detector: Detector) -> list[tuple[str, tuple[Span, ...]
     return [(reading, detector(reading)) for reading in _readings(text)]
 
 
-@lru_cache(maxsize=CACHED_TEXTS)
+def _parts_chars(parts: tuple[_Prepared, _Prepared]) -> int:
+    """The characters a memo counts for :func:`_split_tool_text`'s two parts (:func:`_prepared_chars`)."""
+    return sum(map(_prepared_chars, parts))
+
+
+@text_memo(max_entries=CACHED_TEXTS, max_chars=CACHED_CHARS, result_chars=_parts_chars)
 def _split_tool_text(text: str, detector: Detector) -> tuple[_Prepared, _Prepared]:
     """A tool result's (ordinary part, flagged part): the normalised text less the spans the detector finds there,
     and the spans it finds in every reading (:func:`_readings`, as a tool-result rule finds them)."""
@@ -561,7 +581,7 @@ def _contains(text: str, needle: str, marks: str | None, joined: bool = False) -
 _FOUND_BEFORE_PATTERN = 8
 
 
-@lru_cache(maxsize=CACHED_TEXTS)
+@text_memo(max_entries=CACHED_TEXTS, max_chars=CACHED_CHARS, result_chars=lambda pattern: len(pattern.pattern))
 def _near_misses(needle: str, marks: str, joined: bool) -> re.Pattern[str]:
     """A pattern of ``needle`` that leaves out the places :func:`_contains` rules out for an ASCII neighbour: after
     one of ``marks`` or an ASCII letter or digit that continues its first character, before one that continues its

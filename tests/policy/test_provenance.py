@@ -836,3 +836,60 @@ def test_spending_the_trace_budget_on_one_argument_does_not_hide_an_injected_val
                                                             "recipient": "flagged_tool_result"}
     plain = TurnMessage("tool", bill + " a1" + "a1" * 20_000, "read_file", "c1", arguments={"file_path": "bill"})
     assert trace_arguments({"subject": burn}, (user, plain))["subject"].source == "none"
+
+
+# The memo tables of message texts: bounded by the characters they hold, and a long text every call reads stays.
+_TEXT_TABLES = ("_prepare", "_normalised", "_split_tool_text", "_near_misses")
+_PAY = {"send_money": ToolSpec("side_effecting", {"recipient": ("user", "trusted", "tool_result")})}
+
+
+def _long_turn(n: int, chars: int) -> tuple[TurnMessage, ...]:
+    rows = "\n".join(f"- amount: {k}.0 recipient: GB29NWBK601613319{k % 100:02d} for rent" for k in range(chars // 50))
+    return (TurnMessage("user", f"pay the rent {n} " + "please " * (chars // 7)), tool(f"{n}\n{rows}"))
+
+
+def test_text_memos_hold_at_most_their_character_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+    import tracemalloc
+
+    from guard.policy import instructions, provenance
+
+    bound = 300_000
+    tables = [getattr(provenance, name) for name in _TEXT_TABLES] + [instructions.find_instructions]
+    for table in tables:
+        if hasattr(table, "memo"):  # functools.lru_cache before: bounded by entries only
+            monkeypatch.setattr(table.memo, "max_chars", bound)
+        table.cache_clear()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(24):  # 24 turns of two 50,000-character texts: about 2.4 M characters seen
+            call_features("send_money", {"recipient": "GB29NWBK60161331926"}, _long_turn(n, 50_000), tools=_PAY)
+        gc.collect()
+        retained = tracemalloc.get_traced_memory()[0] - before
+        held = [table.cache_info() for table in tables]
+    finally:
+        tracemalloc.stop()
+        for table in tables:
+            table.cache_clear()
+    # five tables at 300,000 characters (ASCII: a byte each), and the lazily computed forms of what _prepare keeps
+    assert retained < 4_000_000, retained
+    assert all(info.chars <= bound for info in held), held
+
+
+def test_a_long_text_every_call_reads_is_computed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from guard.policy import provenance
+
+    for name in _TEXT_TABLES:
+        getattr(provenance, name).cache_clear()
+    folded: list[int] = []
+    real = provenance._fold
+    monkeypatch.setattr(provenance, "_fold", lambda text: folded.append(len(text)) or real(text))
+    long_turn = _long_turn(0, 400_000)
+    for n in range(5):
+        history = (*long_turn, TurnMessage("assistant", f"Paying now ({n})."))
+        call_features("send_money", {"recipient": "GB29NWBK60161331926"}, history, tools=_PAY)
+        for k in range(50):  # other conversations' texts in between
+            other = (USER, tool(f"{n} {k} {BILL}"))
+            call_features("send_money", {"recipient": "GB29NWBK60161331926"}, other, tools=_PAY)
+    assert sum(1 for chars in folded if chars > 100_000) == 2  # the user's text and the tool result's, once each
