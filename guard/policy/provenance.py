@@ -222,15 +222,17 @@ class _Prepared:
         return _NOT_ALNUM.sub("", self.text)
 
     @cached_property
-    def compact_bounds(self) -> tuple[frozenset[int], frozenset[int]]:
-        """Where tokens start and end in :attr:`compact` (a token: a run of letters of one script and digits)."""
-        starts, ends, at = set(), set(), 0
+    def compact_bounds(self) -> bytes:
+        """Where tokens start and end in :attr:`compact` (a token: a run of letters of one script and digits): for
+        each place of it and its end, :data:`_STARTS` when a token starts there, :data:`_ENDS` when one ends there
+        (a byte a character)."""
+        bounds, at = bytearray(len(self.compact) + 1), 0
         for run in _ALNUM_RUN.findall(self.text):
             for token in _tokens(run):
-                starts.add(at)
+                bounds[at] |= _STARTS
                 at += len(token)
-                ends.add(at)
-        return frozenset(starts), frozenset(ends)
+                bounds[at] |= _ENDS
+        return bytes(bounds)
 
     @cached_property
     def url(self) -> str:
@@ -241,6 +243,8 @@ class _Prepared:
         return _numbers(self.text)
 
 
+# The flags of :attr:`_Prepared.compact_bounds`.
+_STARTS, _ENDS = 1, 2
 _SPACE = re.compile(r"\s+")
 _NOT_ALNUM = re.compile(r"[\W_]+")
 _ALNUM_RUN = re.compile(r"[^\W_]+")
@@ -374,8 +378,8 @@ def _numbers(folded: str) -> frozenset[str]:
 
 def _prepared_chars(prepared: _Prepared) -> int:
     """The characters a memo counts for a :class:`_Prepared`: its folded text and, computed or not, its compact and
-    URL forms (each at most as long as the text)."""
-    return 3 * len(prepared.text)
+    URL forms and its token bounds (each at most as long as the text)."""
+    return 4 * len(prepared.text)
 
 
 @text_memo(max_entries=CACHED_TEXTS, max_chars=CACHED_CHARS, result_chars=_prepared_chars)
@@ -630,8 +634,8 @@ def _in_compact(needle: str, haystack: _Prepared) -> bool:
     place it is not counts against the trace's :data:`MAX_REJECTED`."""
     at = haystack.compact.find(needle)
     while at != -1:
-        starts, ends = haystack.compact_bounds  # computed once per text, and only for a text holding the needle
-        if at in starts and at + len(needle) in ends:
+        bounds = haystack.compact_bounds  # computed once per text, and only for a text holding the needle
+        if bounds[at] & _STARTS and bounds[at + len(needle)] & _ENDS:
             return True
         _reject()
         at = haystack.compact.find(needle, at + 1)

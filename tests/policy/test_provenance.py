@@ -893,3 +893,23 @@ def test_a_long_text_every_call_reads_is_computed_once(monkeypatch: pytest.Monke
             other = (USER, tool(f"{n} {k} {BILL}"))
             call_features("send_money", {"recipient": "GB29NWBK60161331926"}, other, tools=_PAY)
     assert sum(1 for chars in folded if chars > 100_000) == 2  # the user's text and the tool result's, once each
+
+
+def test_a_texts_token_bounds_take_about_a_byte_a_character() -> None:
+    import gc
+    import tracemalloc
+
+    from guard.policy.provenance import _in_compact, _prepare
+
+    text = " ".join(f"GB29 NWBK 6016 1331 {k:05d}" for k in range(8000))  # short tokens: about 208,000 characters
+    prepared = _prepare(text)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        assert _in_compact("gb29nwbk60161331" + "07999", prepared)
+        assert not _in_compact("b29nwbk60161331", prepared)  # starts inside a token
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 3 * len(text), held  # the compact form and its bounds (two sets of ints: over 20 bytes a character)
