@@ -94,8 +94,9 @@ class Prepared:
     runs); ``rewritten``: a wrapper listed before guard changed its name or arguments (claimed too, but the claim is
     given back when the tool raises, so a retry can run it); ``held_digest``: the digest of the call as the model's turn holds it (as prepared when that turn is not in
     the state), which an edit leaves as it is: every decision on one review item makes the same claim;
-    ``ran_early``: its tool started before the verdict (:meth:`ToolCallEnforcer.run`), in this run or in the run
-    that asked for the review this one resumes, so a message saying the call did not pass says it ran."""
+    ``ran_early``: its tool started before the verdict in this run (:meth:`ToolCallEnforcer.run`), so a message saying
+    the call did not pass says it ran; ``may_have_run``: it could start early in the run that asked for the review this
+    one resumes, which this run cannot tell, so such a message says it may have run."""
 
     request: ToolCallRequest
     tool_call_id: str
@@ -111,6 +112,7 @@ class Prepared:
     rewritten: bool = False
     held_digest: str = ""
     ran_early: bool = False
+    may_have_run: bool = False
 
 
 logger = logging.getLogger("guard.agents")
@@ -330,11 +332,11 @@ class ToolCallEnforcer:
         new_request = redirect(prepared.request, tool, arguments)
         if isinstance(new_request, str):
             reason = f"the reviewer's edit {new_request}"
-            return msgs.rejected(prepared.tool, prepared.tool_call_id, None, reason, "", ran_early=prepared.ran_early)
+            return msgs.rejected(prepared.tool, prepared.tool_call_id, None, reason, "", **self._started(prepared))
         problem = empty_arguments_problem(new_request.tool, arguments)
         if problem is not None:
             reason = f"the reviewer's edit cannot run: {problem}"
-            return msgs.rejected(prepared.tool, prepared.tool_call_id, None, reason, "", ran_early=prepared.ran_early)
+            return msgs.rejected(prepared.tool, prepared.tool_call_id, None, reason, "", **self._started(prepared))
         subject = replace(prepared.subject, tool_name=tool, arguments=arguments, tool_effect=tool_effect(new_request.tool))
         return replace(
             prepared,
@@ -400,27 +402,32 @@ class ToolCallEnforcer:
     def _stop(self, prepared: Prepared, judgement: Judgement) -> Result:
         """The answer to a call that does not run: handed to a node, or blocked (an escalation that cannot be
         reviewed where it runs, see :meth:`_shares_its_task`, included)."""
-        ran_early = prepared.ran_early
+        started = self._started(prepared)
         if judgement.outcome == "route":
             node = judgement.node or ""
-            message = msgs.handed_off(prepared.tool, prepared.tool_call_id, judgement.verdict, node, ran_early=ran_early)
+            message = msgs.handed_off(prepared.tool, prepared.tool_call_id, judgement.verdict, node, **started)
             return Command(goto=node, update={self.messages_key: [message]})
         reason = judgement.reason
         if judgement.outcome == "escalate":
             logger.warning("tool call %r needs review but shares its tool-node task with other calls; blocked (route "
                            "tool calls with guard.agents.send_tool_calls)", prepared.tool)
             reason = msgs.UNREVIEWABLE_REASON
-        return msgs.blocked(prepared.tool, prepared.tool_call_id, judgement.verdict, reason, ran_early=ran_early)
+        return msgs.blocked(prepared.tool, prepared.tool_call_id, judgement.verdict, reason, **started)
+
+    @staticmethod
+    def _started(prepared: Prepared) -> dict[str, bool]:
+        """What a message saying ``prepared`` did not pass tells about its tool starting before the verdict."""
+        return {"ran_early": prepared.ran_early, "may_have_run": prepared.may_have_run}
 
     def _rejected(self, prepared: Prepared, judgement: Judgement, decision: Mapping[str, Any]) -> ToolMessage:
         """The answer to a call a reviewer rejected."""
         return msgs.rejected(prepared.tool, prepared.tool_call_id, judgement.verdict, decision.get("message"),
-                             decision["_item"], ran_early=prepared.ran_early)
+                             decision["_item"], **self._started(prepared))
 
     def _too_many_rounds(self, prepared: Prepared, judgement: Judgement) -> ToolMessage:
         """The answer to an edited call that still needs approval after :attr:`max_review_rounds` reviews."""
         reason = TOO_MANY_ROUNDS.format(rounds=self.max_review_rounds)
-        return msgs.blocked(prepared.tool, prepared.tool_call_id, judgement.verdict, reason, ran_early=prepared.ran_early)
+        return msgs.blocked(prepared.tool, prepared.tool_call_id, judgement.verdict, reason, **self._started(prepared))
 
     def _annotate(self, result: Result, prepared: Prepared) -> Result:
         """An edited call's tool message with the edit's notice before its content, and ``lc_data["ran_early"]``
@@ -428,7 +435,7 @@ class ToolCallEnforcer:
         if not prepared.edited or not isinstance(result, ToolMessage):
             return result
         refused = result.status == "error" and self._refuses(prepared)
-        notice = msgs.edit_notice(prepared.tool, prepared.arguments, refused=refused, ran_early=prepared.ran_early)
+        notice = msgs.edit_notice(prepared.tool, prepared.arguments, refused=refused, **self._started(prepared))
         update: dict[str, Any] = {}
         if prepared.ran_early:
             data = result.additional_kwargs.get("lc_data")
@@ -669,10 +676,11 @@ class ToolCallEnforcer:
             judgement, early, started = self._judge_speculating(prepared, handler)
             prepared = replace(prepared, ran_early=started)
         else:
-            # no early start where the task may run again; only an answered call is known to have started (in the
-            # run that asked for its review): another task of a resumed run's first step may never have run (the
-            # graph stopped before its node), so its notice does not say it ran
-            prepared = replace(prepared, ran_early=speculative and _answered())
+            # no early start where the task may run again; an answered call may have started in the run that asked
+            # for its review (unless that run was itself a resumed one), which this run cannot tell, so its notice
+            # says it may have run; another task of a resumed run's first step may never have run (the graph stopped
+            # before its node), so its notice does not say it ran
+            prepared = replace(prepared, may_have_run=speculative and _answered())
             judgement = self.judge.judge(prepared.subject)
         return self.settle(prepared, judgement, handler, early)
 
@@ -787,10 +795,11 @@ class ToolCallEnforcer:
             judgement, early, started = await self._ajudge_speculating(prepared, handler)
             prepared = replace(prepared, ran_early=started)
         else:
-            # no early start where the task may run again; only an answered call is known to have started (in the
-            # run that asked for its review): another task of a resumed run's first step may never have run (the
-            # graph stopped before its node), so its notice does not say it ran
-            prepared = replace(prepared, ran_early=speculative and _answered())
+            # no early start where the task may run again; an answered call may have started in the run that asked
+            # for its review (unless that run was itself a resumed one), which this run cannot tell, so its notice
+            # says it may have run; another task of a resumed run's first step may never have run (the graph stopped
+            # before its node), so its notice does not say it ran
+            prepared = replace(prepared, may_have_run=speculative and _answered())
             judgement = await self.judge.ajudge(prepared.subject)
         return await self.asettle(prepared, judgement, handler, early)
 

@@ -26,6 +26,7 @@ __all__ = [
     "INPUT_BLOCKED_TEMPLATE",
     "INPUT_WITHHELD_TEMPLATE",
     "MALFORMED_TEMPLATE",
+    "MAY_HAVE_RUN_NOTE",
     "OUTPUT_BLOCKED_TEMPLATE",
     "RAN_EARLY_NOTE",
     "REJECTED_RAN_TEMPLATE",
@@ -84,6 +85,20 @@ EDIT_REFUSED_OUTCOME = " The tool refused these arguments, so it did not run; it
 """Ends the edit notice's call when the tool refused the edited arguments (its error follows)."""
 HANDOFF_NODE_TEMPLATE = "Tool call `{tool}` (id {tool_call_id}) was handed to `{node}` for review; it was not executed."
 HANDOFF_NODE_RAN_TEMPLATE = "Tool call `{tool}` (id {tool_call_id}) was handed to `{node}` for review. " + RAN_EARLY_NOTE
+MAY_HAVE_RUN_NOTE = (
+    "It may have started before the verdict (guard lets a tool declared read-only start while it decides); if it "
+    "did, its output was withheld."
+)
+"""Says that a call which does not pass may have run: its tool could start early in the run that asked for its review,
+and this run cannot tell whether it did (the ``_MAY_`` templates)."""
+BLOCKED_MAY_TEMPLATE = BLOCKED_RAN_TEMPLATE.replace(RAN_EARLY_NOTE, MAY_HAVE_RUN_NOTE)
+REJECTED_MAY_TEMPLATE = REJECTED_RAN_TEMPLATE.replace(RAN_EARLY_NOTE, MAY_HAVE_RUN_NOTE)
+HANDOFF_NODE_MAY_TEMPLATE = HANDOFF_NODE_RAN_TEMPLATE.replace(RAN_EARLY_NOTE, MAY_HAVE_RUN_NOTE)
+EDIT_NOTICE_MAY_TEMPLATE = (
+    "Note: a reviewer replaced this tool call; this was intentional and authorized. The original call may have "
+    "started before the verdict (guard lets a tool declared read-only start while it decides); if it did, its output "
+    "was withheld. Called instead: `{tool}` with arguments {arguments}. Do not re-issue the original call.{outcome}"
+)
 ALREADY_ANSWERED_TEMPLATE = (
     "Tool call `{tool}` (id {tool_call_id}) already has a result; guard never runs the same call twice."
 )
@@ -175,17 +190,30 @@ def tool_error(
     )
 
 
+def _pick(plain: str, ran: str, may: str, ran_early: bool, may_have_run: bool) -> str:
+    """The template for a call that did not start before its verdict (``plain``), that started (``ran``), or that
+    may have started in the run that asked for its review (``may``)."""
+    return ran if ran_early else may if may_have_run else plain
+
+
 def _ran(ran_early: bool) -> dict[str, Any]:
     """The metadata of a message whose call ran before its verdict (``lc_data["ran_early"]``); none otherwise."""
     return {"ran_early": True} if ran_early else {}
 
 
 def blocked(
-    tool: str, tool_call_id: str, verdict: Verdict, reason: str | None = None, *, ran_early: bool = False
+    tool: str,
+    tool_call_id: str,
+    verdict: Verdict,
+    reason: str | None = None,
+    *,
+    ran_early: bool = False,
+    may_have_run: bool = False,
 ) -> ToolMessage:
     """The error tool message that answers a call the guard blocked (``BLOCKED_TEMPLATE``; ``BLOCKED_RAN_TEMPLATE``
-    and ``lc_data["ran_early"]`` with ``ran_early``: its tool started before the verdict)."""
-    template = BLOCKED_RAN_TEMPLATE if ran_early else BLOCKED_TEMPLATE
+    and ``lc_data["ran_early"]`` with ``ran_early``: its tool started before the verdict; ``BLOCKED_MAY_TEMPLATE``
+    with ``may_have_run``: it may have started in the run that asked for its review)."""
+    template = _pick(BLOCKED_TEMPLATE, BLOCKED_RAN_TEMPLATE, BLOCKED_MAY_TEMPLATE, ran_early, may_have_run)
     content = template.format(tool=tool, tool_call_id=tool_call_id, reason=reason_of(verdict, reason), **_fields(verdict))
     return tool_error(
         tool=tool, tool_call_id=tool_call_id, content=content, verdict=verdict, outcome="blocked", **_ran(ran_early)
@@ -199,11 +227,19 @@ def malformed(tool: str, tool_call_id: str, problem: str, verdict: Verdict) -> T
 
 
 def rejected(
-    tool: str, tool_call_id: str, verdict: Verdict | None, reason: str | None, pending_id: str, *, ran_early: bool = False
+    tool: str,
+    tool_call_id: str,
+    verdict: Verdict | None,
+    reason: str | None,
+    pending_id: str,
+    *,
+    ran_early: bool = False,
+    may_have_run: bool = False,
 ) -> ToolMessage:
     """The error tool message for a held call a reviewer rejected (``reason``: the reviewer's, if any; ``ran_early``:
-    its tool started before the verdict, ``REJECTED_RAN_TEMPLATE``)."""
-    template = REJECTED_RAN_TEMPLATE if ran_early else REJECTED_TEMPLATE
+    its tool started before the verdict, ``REJECTED_RAN_TEMPLATE``; ``may_have_run``: it may have started in the run
+    that asked for the review, ``REJECTED_MAY_TEMPLATE``)."""
+    template = _pick(REJECTED_TEMPLATE, REJECTED_RAN_TEMPLATE, REJECTED_MAY_TEMPLATE, ran_early, may_have_run)
     content = template.format(tool=tool, tool_call_id=tool_call_id, reason=(reason or _NO_REASON).rstrip("."))
     return tool_error(
         tool=tool, tool_call_id=tool_call_id, content=content, verdict=verdict, outcome="rejected", review=pending_id,
@@ -211,10 +247,13 @@ def rejected(
     )
 
 
-def handed_off(tool: str, tool_call_id: str, verdict: Verdict, node: str, *, ran_early: bool = False) -> ToolMessage:
+def handed_off(
+    tool: str, tool_call_id: str, verdict: Verdict, node: str, *, ran_early: bool = False, may_have_run: bool = False
+) -> ToolMessage:
     """The tool message for a call handed off to the graph node ``node`` instead of running (``ran_early``: its tool
-    started before the verdict, ``HANDOFF_NODE_RAN_TEMPLATE``)."""
-    template = HANDOFF_NODE_RAN_TEMPLATE if ran_early else HANDOFF_NODE_TEMPLATE
+    started before the verdict, ``HANDOFF_NODE_RAN_TEMPLATE``; ``may_have_run``: it may have started in the run that
+    asked for its review, ``HANDOFF_NODE_MAY_TEMPLATE``)."""
+    template = _pick(HANDOFF_NODE_TEMPLATE, HANDOFF_NODE_RAN_TEMPLATE, HANDOFF_NODE_MAY_TEMPLATE, ran_early, may_have_run)
     content = template.format(tool=tool, tool_call_id=tool_call_id, node=node)
     return tool_error(
         tool=tool, tool_call_id=tool_call_id, content=content, verdict=verdict, outcome="handed_off", node=node,
@@ -228,12 +267,15 @@ def already_answered(tool: str, tool_call_id: str) -> ToolMessage:
     return tool_error(tool=tool, tool_call_id=tool_call_id, content=content, verdict=None, outcome="duplicate")
 
 
-def edit_notice(tool: str, arguments: Any, *, refused: bool = False, ran_early: bool = False) -> str:
+def edit_notice(
+    tool: str, arguments: Any, *, refused: bool = False, ran_early: bool = False, may_have_run: bool = False
+) -> str:
     """The note telling the model that a reviewer edited its call to ``tool`` to these ``arguments``; ``refused``:
     the tool refused them (never ran), and its error follows the note; ``ran_early``: the original call's tool started
-    before the verdict (``EDIT_NOTICE_RAN_TEMPLATE``)."""
+    before the verdict (``EDIT_NOTICE_RAN_TEMPLATE``); ``may_have_run``: it may have started in the run that asked for
+    the review (``EDIT_NOTICE_MAY_TEMPLATE``)."""
     text = json.dumps(arguments, ensure_ascii=False, default=str)
-    template = EDIT_NOTICE_RAN_TEMPLATE if ran_early else EDIT_NOTICE_TEMPLATE
+    template = _pick(EDIT_NOTICE_TEMPLATE, EDIT_NOTICE_RAN_TEMPLATE, EDIT_NOTICE_MAY_TEMPLATE, ran_early, may_have_run)
     return template.format(tool=tool, arguments=text, outcome=EDIT_REFUSED_OUTCOME if refused else "")
 
 

@@ -319,7 +319,8 @@ async def test_an_escalated_read_only_call_starts_early_once_and_never_on_its_re
     harness: Any, thread: Any, mode: str, decision: dict[str, Any]
 ) -> None:
     """A tool declared read-only starts while its call is judged; escalated, its output is dropped. The resume does
-    not start it again: an approval runs it once more (its output is the answer), and a reject's notice says it ran."""
+    not start it again: an approval runs it once more (its output is the answer), and a reject's notice says it may
+    have run (the resumed run cannot tell whether the asking run started it), without ``lc_data["ran_early"]``."""
     h = harness(delay=0.05)
     tools = _declared(h.tools, pay=READ_ONLY)
     turn = Turn(calls=[("pay", {"amount": 500, "to": "bob"}, "c1")])
@@ -333,15 +334,16 @@ async def test_an_escalated_read_only_call_starts_early_once_and_never_on_its_re
         assert h.runs.count() == 2 and message.text == "paid 500 to bob"
     else:
         assert h.runs.count() == 1
-        assert "not executed" not in message.text and "so it ran; its output was withheld" in message.text
-        assert message.additional_kwargs["lc_data"]["ran_early"] is True
+        assert "not executed" not in message.text and "so it ran" not in message.text
+        assert "may have started before the verdict" in message.text
+        assert "ran_early" not in message.additional_kwargs["lc_data"]
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
-async def test_a_read_only_call_edited_after_it_started_says_so_in_its_metadata(harness: Any, thread: Any, mode: str) -> None:
-    """The escalated call started early; a reviewer's edit runs another call, and the edited call's message says in
-    its notice and in ``lc_data["ran_early"]`` that the original ran."""
+async def test_a_read_only_call_edited_after_it_started_says_it_may_have_run(harness: Any, thread: Any, mode: str) -> None:
+    """The escalated call started early; a reviewer's edit runs another call, and the edited call's notice says the
+    original may have run (the resumed run cannot tell), without ``lc_data["ran_early"]``."""
     h = harness(delay=0.05)
     tools = _declared(h.tools, pay=READ_ONLY)
     graph, config = build(h, Turn(calls=[("pay", {"amount": 500, "to": "bob"}, "c1")]), tools=tools, side_effecting_tools=["refund"]), thread()
@@ -351,8 +353,8 @@ async def test_a_read_only_call_edited_after_it_started_says_so_in_its_metadata(
     out = await run(graph, resume_command(out.interrupts, answers), config, mode)
     message = out.tool_messages()["c1"]
     assert h.runs.calls[-1] == ("pay", {"amount": 50, "to": "bob"}) and "paid 50 to bob" in message.text
-    assert "so it ran; its output was withheld" in message.text
-    assert message.additional_kwargs["lc_data"]["ran_early"] is True
+    assert "may have started before the verdict" in message.text and "so it ran" not in message.text
+    assert "ran_early" not in message.additional_kwargs.get("lc_data", {})
 
 
 @pytest.mark.anyio
@@ -378,7 +380,7 @@ async def test_answering_one_of_two_reviews_never_starts_the_other_read_only_cal
     harness: Any, thread: Any, mode: str
 ) -> None:
     """Both read-only calls start early and are escalated. Answering one resumes the run, whose first step runs the
-    other call's task again to ask anew: it does not start again. Answered in turn, its notice says it ran."""
+    other call's task again to ask anew: it does not start again. Answered in turn, its notice says it may have run."""
     h = harness(delay=0.02)
     tools = _declared(h.tools, pay=READ_ONLY)
     turn = Turn(calls=[("pay", {"amount": 500, "to": "bob"}, "a"), ("pay", {"amount": 600, "to": "ann"}, "b")])
@@ -392,8 +394,8 @@ async def test_answering_one_of_two_reviews_never_starts_the_other_read_only_cal
     out = await run(graph, resume_command(out.interrupts, {item["id"]: reject for item in out.items()}), config, mode)
     assert h.runs.count() == 2 and not out.interrupts
     for message in out.tool_messages().values():
-        assert "so it ran; its output was withheld" in message.text
-        assert message.additional_kwargs["lc_data"]["ran_early"] is True
+        assert "may have started before the verdict" in message.text and "so it ran" not in message.text
+        assert "ran_early" not in message.additional_kwargs["lc_data"]
 
 
 @pytest.mark.anyio
@@ -411,6 +413,28 @@ async def test_a_read_only_call_after_a_static_interrupt_never_claims_it_ran(har
     out = await run(graph, None, config, mode)
     message = out.tool_messages()["c1"]
     assert h.runs.count() == 0 and "was not executed" in message.text
+    assert "ran_early" not in message.additional_kwargs["lc_data"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_a_read_only_call_reviewed_after_a_static_interrupt_never_claims_it_ran(
+    harness: Any, thread: Any, mode: str
+) -> None:
+    """After ``interrupt_before``, the read-only call is asked about on the resumed run's first step (it does not start
+    early there); rejected, it never ran, so its notice does not say it ran and its ``lc_data`` has no ``ran_early``."""
+    h = harness()
+    tools = _declared(h.tools, pay=READ_ONLY)
+    turn = Turn(calls=[("pay", {"amount": 500, "to": "bob"}, "c1")])
+    graph = build(h, turn, tools=tools, side_effecting_tools=["refund"], interrupt_before=["tools"])
+    config = thread()
+    await run(graph, USER, config, mode)
+    out = await run(graph, None, config, mode)
+    assert h.runs.count() == 0 and len(out.interrupts) == 1
+    reject = {"type": "reject", "message": "no"}
+    out = await run(graph, resume_command(out.interrupts, {item["id"]: reject for item in out.items()}), config, mode)
+    message = out.tool_messages()["c1"]
+    assert h.runs.count() == 0 and "so it ran" not in message.text
     assert "ran_early" not in message.additional_kwargs["lc_data"]
 
 
