@@ -55,7 +55,7 @@ from guard.agents._records import (
     tool_item,
 )
 from guard.agents.claims import ApprovalClaims, MemoryApprovalClaims, claim_id
-from guard.agents.decisions import response_schema, review_request
+from guard.agents.decisions import pending_id, response_schema, review_request
 from guard.policy.instructions import find_instructions, strip_spans
 from guard.policy.provenance import DETECTOR_MAX_CHARS, resolved_effect
 from guard.subject import AgentSubject
@@ -146,6 +146,26 @@ def _answered() -> bool:
         return bool(scratchpad.resume) or scratchpad.get_null_resume(False) is not None
     except (AttributeError, TypeError):
         return True
+
+
+def _review_answered(item_id: str) -> bool:
+    """Whether this task runs again with an answer to guard's own review of one call: a resume value LangGraph holds
+    for it is a decisions map holding ``item_id`` (the call's pending item) or a list of decisions. An answer to
+    another interrupt (a ``HumanInTheLoopMiddleware`` listed before guard, the tool's own ``interrupt()``) does not
+    count. ``False`` outside a graph run; ``True`` when the task's scratchpad cannot be read."""
+    configurable = _configurable()
+    if configurable is None:
+        return False
+    scratchpad = configurable.get(_SCRATCHPAD)
+    try:
+        values = [*scratchpad.resume, scratchpad.get_null_resume(False)]
+    except (AttributeError, TypeError):
+        return True
+    for value in values:
+        decisions = value.get("decisions") if isinstance(value, Mapping) else None
+        if isinstance(decisions, list) or (isinstance(decisions, Mapping) and item_id in decisions):
+            return True
+    return False
 
 
 def _resuming() -> bool:
@@ -379,6 +399,12 @@ class ToolCallEnforcer:
         except RuntimeError:  # not inside a graph run
             return False
         return _SENT_TASK not in triggers and prepared.turn_calls > 1
+
+    @staticmethod
+    def _item_id(prepared: Prepared) -> str:
+        """The id of the pending item a review of ``prepared`` has (:func:`~guard.agents._records.tool_item`)."""
+        scope = f"tool_call:{prepared.message_id or ''}"
+        return pending_id(thread_id=prepared.thread_id, scope=scope, key=prepared.tool_call_id, digest=prepared.digest)
 
     def _review(self, prepared: Prepared, judgement: Judgement) -> dict[str, Any]:
         item = tool_item(
@@ -676,11 +702,11 @@ class ToolCallEnforcer:
             judgement, early, started = self._judge_speculating(prepared, handler)
             prepared = replace(prepared, ran_early=started)
         else:
-            # no early start where the task may run again; an answered call may have started in the run that asked
-            # for its review (unless that run was itself a resumed one), which this run cannot tell, so its notice
+            # no early start where the task may run again; a call whose review was answered may have started in the
+            # run that asked for it (unless that run was itself a resumed one), which this run cannot tell, so its notice
             # says it may have run; another task of a resumed run's first step may never have run (the graph stopped
             # before its node), so its notice does not say it ran
-            prepared = replace(prepared, may_have_run=speculative and _answered())
+            prepared = replace(prepared, may_have_run=speculative and _review_answered(self._item_id(prepared)))
             judgement = self.judge.judge(prepared.subject)
         return self.settle(prepared, judgement, handler, early)
 
@@ -795,11 +821,11 @@ class ToolCallEnforcer:
             judgement, early, started = await self._ajudge_speculating(prepared, handler)
             prepared = replace(prepared, ran_early=started)
         else:
-            # no early start where the task may run again; an answered call may have started in the run that asked
-            # for its review (unless that run was itself a resumed one), which this run cannot tell, so its notice
+            # no early start where the task may run again; a call whose review was answered may have started in the
+            # run that asked for it (unless that run was itself a resumed one), which this run cannot tell, so its notice
             # says it may have run; another task of a resumed run's first step may never have run (the graph stopped
             # before its node), so its notice does not say it ran
-            prepared = replace(prepared, may_have_run=speculative and _answered())
+            prepared = replace(prepared, may_have_run=speculative and _review_answered(self._item_id(prepared)))
             judgement = await self.judge.ajudge(prepared.subject)
         return await self.asettle(prepared, judgement, handler, early)
 

@@ -430,6 +430,31 @@ def test_backend_failure_escalates_tool_calls_by_default(harness: Any, thread: A
     assert h.runs.count() == 1
 
 
+def test_a_per_call_hitl_edit_blocked_on_the_spot_never_claims_it_ran(harness: Any, thread: Any) -> None:
+    """``HumanInTheLoopMiddleware(interrupt_mode="per_call")`` listed before guard asks about a read-only call (guard
+    never ran it); the edit, judged on the spot on the resume and blocked, says it was not executed: the resume
+    answers HITL's interrupt, not a review of guard's."""
+    from langchain.agents.middleware import HumanInTheLoopMiddleware
+
+    h = harness()
+    for t in h.tools:
+        if t.name == "read_file":
+            t.metadata = {"guard_effect": "read_only"}
+    hitl = HumanInTheLoopMiddleware({"read_file": True}, interrupt_mode="per_call")
+    guard = GuardAgentMiddleware(guard=h.guard, side_effecting_tools=["pay"])
+    turn = Turn(calls=[("read_file", {"path": "notes.txt"}, "r")])
+    agent = create_agent(model(turn), h.tools, middleware=[hitl, guard], checkpointer=InMemorySaver())
+    config = thread()
+    agent.invoke({"messages": [("user", "read my notes")]}, config)
+    (pending,) = agent.get_state(config).interrupts
+    edit = {"type": "edit", "edited_action": {"name": "read_file", "args": {"path": "secret.txt"}}}
+    out = agent.invoke(Command(resume={pending.id: edit}), config)
+    message = next(m for m in out["messages"] if m.type == "tool")
+    assert h.runs.count() == 0 and "was not executed" in message.text
+    assert "may have started" not in message.text and "so it ran" not in message.text
+    assert "ran_early" not in message.additional_kwargs.get("lc_data", {})
+
+
 def test_only_a_call_judged_on_the_spot_may_start_before_its_verdict(harness: Any, thread: Any) -> None:
     """With ``side_effecting_tools`` leaving a read-only tool out, a call judged with the model's turn still waits
     for its verdict (blocked, it never ran); a call a wrapper listed before guard rewrote is judged on the spot in the
