@@ -134,32 +134,39 @@ def _configurable() -> dict[str, Any] | None:
         return None
 
 
-def _answered() -> bool:
-    """Whether this task runs again with an answer to an interrupt it asked (LangGraph holds a resume value for it:
-    the answer to a review of its call, or to its tool's own ``interrupt()``). ``False`` outside a graph run; ``True``
-    when the task's scratchpad cannot be read."""
+def _resume_values() -> list[Any] | None:
+    """The resume values LangGraph holds for this task: those answering its interrupts by id, and the value of a plain
+    ``Command(resume=value)``, which counts only on the first step of a resumed run (in a subgraph it stays readable
+    by the tasks of later steps, which answer nothing). ``[]`` outside a graph run; ``None`` when the task's
+    scratchpad cannot be read."""
     configurable = _configurable()
     if configurable is None:
-        return False
+        return []
     scratchpad = configurable.get(_SCRATCHPAD)
     try:
-        return bool(scratchpad.resume) or scratchpad.get_null_resume(False) is not None
+        values = list(scratchpad.resume)
+        null = scratchpad.get_null_resume(False) if configurable.get(_RESUMING) else None
     except (AttributeError, TypeError):
-        return True
+        return None
+    return values if null is None else [*values, null]
+
+
+def _answered() -> bool:
+    """Whether this task runs again with an answer to an interrupt it asked (LangGraph holds a resume value for it,
+    :func:`_resume_values`: the answer to a review of its call, or to its tool's own ``interrupt()``). ``False``
+    outside a graph run; ``True`` when the task's scratchpad cannot be read."""
+    values = _resume_values()
+    return values is None or bool(values)
 
 
 def _review_answered(item_id: str) -> bool:
     """Whether this task runs again with an answer to guard's own review of one call: a resume value LangGraph holds
-    for it is a decisions map holding ``item_id`` (the call's pending item) or a list of decisions. An answer to
-    another interrupt (a ``HumanInTheLoopMiddleware`` listed before guard, the tool's own ``interrupt()``) does not
-    count. ``False`` outside a graph run; ``True`` when the task's scratchpad cannot be read."""
-    configurable = _configurable()
-    if configurable is None:
-        return False
-    scratchpad = configurable.get(_SCRATCHPAD)
-    try:
-        values = [*scratchpad.resume, scratchpad.get_null_resume(False)]
-    except (AttributeError, TypeError):
+    for it (:func:`_resume_values`) is a decisions map holding ``item_id`` (the call's pending item) or a list of
+    decisions. An answer to another interrupt (a ``HumanInTheLoopMiddleware`` listed before guard, the tool's own
+    ``interrupt()``) does not count. ``False`` outside a graph run; ``True`` when the task's scratchpad cannot be
+    read."""
+    values = _resume_values()
+    if values is None:
         return True
     for value in values:
         decisions = value.get("decisions") if isinstance(value, Mapping) else None

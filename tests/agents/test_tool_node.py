@@ -439,6 +439,37 @@ async def test_a_read_only_call_reviewed_after_a_static_interrupt_never_claims_i
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_a_later_step_of_a_resumed_subgraph_starts_a_read_only_call_early(harness: Any, thread: Any, mode: str) -> None:
+    """The guarded loop runs as a subgraph node; a plain ``Command(resume=...)`` answers its review, and that value
+    stays readable in the subgraph's later steps. A read-only call the model makes on a later step is not resumed:
+    it starts early as any first call does, and blocked, its notice says it ran (it did)."""
+    h = harness(delay=0.02)
+    tools = _declared(h.tools, pay=READ_ONLY, read_file=READ_ONLY)
+    chat = model(
+        Turn(calls=[("pay", {"amount": 500, "to": "bob"}, "c1")]),
+        Turn(calls=[("read_file", {"path": "secret.txt"}, "c2")]),
+        AIMessage(content="done"),
+    )
+    inner = StateGraph(MessagesState)
+    inner.add_node("model", lambda state: {"messages": [chat.invoke(state["messages"])]})
+    inner.add_node("tools", guarded_tool_node(tools, guard=h.guard, side_effecting_tools=["refund"]))
+    inner.add_edge(START, "model")
+    inner.add_conditional_edges("model", send_tool_calls, ["tools", END])
+    inner.add_edge("tools", "model")
+    outer = StateGraph(MessagesState)
+    outer.add_node("agent", inner.compile())
+    outer.add_edge(START, "agent")
+    outer.add_edge("agent", END)
+    graph, config = outer.compile(checkpointer=InMemorySaver()), thread()
+    await run(graph, USER, config, mode)
+    out = await run(graph, Command(resume={"decisions": [{"type": "approve"}]}), config, mode)
+    message = out.tool_messages()["c2"]
+    assert ("read_file", {"path": "secret.txt"}) in h.runs.calls
+    assert "so it ran" in message.text and message.additional_kwargs["lc_data"]["ran_early"] is True
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("early", [False, True])
 async def test_the_guarded_node_streams_no_event_of_a_tool_whose_output_may_be_withheld(
     harness: Any, thread: Any, early: bool
