@@ -163,12 +163,9 @@ def _review_answered(item_id: str) -> bool:
     """Whether this task runs again with an answer to guard's own review of one call: a resume value LangGraph holds
     for it (:func:`_resume_values`) is a decisions map holding ``item_id`` (the call's pending item) or a list of
     decisions. An answer to another interrupt (a ``HumanInTheLoopMiddleware`` listed before guard, the tool's own
-    ``interrupt()``) does not count. ``False`` outside a graph run; ``True`` when the task's scratchpad cannot be
-    read."""
-    values = _resume_values()
-    if values is None:
-        return True
-    for value in values:
+    ``interrupt()``) does not count. ``False`` outside a graph run and when the task's scratchpad cannot be read
+    (nothing then shows that guard asked)."""
+    for value in _resume_values() or ():
         decisions = value.get("decisions") if isinstance(value, Mapping) else None
         if isinstance(decisions, list) or (isinstance(decisions, Mapping) and item_id in decisions):
             return True

@@ -469,6 +469,22 @@ async def test_a_later_step_of_a_resumed_subgraph_starts_a_read_only_call_early(
     assert "so it ran" in message.text and message.additional_kwargs["lc_data"]["ran_early"] is True
 
 
+def test_a_read_only_call_blocked_where_no_scratchpad_is_readable_never_claims_it_ran(harness: Any) -> None:
+    """Run inside a LangChain runnable that is not a graph task (no scratchpad to read), a read-only call does not start
+    early (guard cannot tell whether it is resumed), and blocked, its notice says it was not executed."""
+    from langchain_core.runnables import RunnableLambda
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+
+    h = harness()
+    (read_file,) = _declared([t for t in h.tools if t.name == "read_file"], read_file=READ_ONLY)
+    enforcer = GuardToolWrapper(guard=h.guard, side_effecting_tools=["pay"]).enforcer
+    call = {"name": "read_file", "args": {"path": "secret.txt"}, "id": "x", "type": "tool_call"}
+    request = ToolCallRequest(tool_call=call, tool=read_file, state={}, runtime=None)  # type: ignore[arg-type, typeddict-item]
+    message = RunnableLambda(lambda _: enforcer.run(request, lambda r: read_file.invoke(r.tool_call))).invoke(1)
+    assert h.runs.count() == 0 and "was not executed" in message.text and "may have started" not in message.text
+    assert "ran_early" not in message.additional_kwargs["lc_data"]
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("early", [False, True])
 async def test_the_guarded_node_streams_no_event_of_a_tool_whose_output_may_be_withheld(
