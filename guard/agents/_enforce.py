@@ -480,15 +480,22 @@ class ToolCallEnforcer:
 
     @staticmethod
     def _refuses(prepared: Prepared) -> bool:
-        """Whether the tool refuses the call's arguments (its call schema does not validate them), so it does not
-        run; ``False`` when that cannot be told (no tool, a schema that is not a pydantic model)."""
-        schema = getattr(prepared.request.tool, "tool_call_schema", None)
-        if not isinstance(schema, type) or not issubclass(schema, BaseModel):
+        """Whether the tool refuses the call's arguments, so it does not run: its ``args_schema`` (with the tool's own
+        validators) does not validate them, leaving aside missing arguments the tool node injects (those its call
+        schema leaves out); its call schema when ``args_schema`` is not a pydantic model. ``False`` when that cannot
+        be told (no tool, neither schema a pydantic model)."""
+        tool = prepared.request.tool
+        schemas = [getattr(tool, "args_schema", None), getattr(tool, "tool_call_schema", None)]
+        models = [s if isinstance(s, type) and issubclass(s, BaseModel) else None for s in schemas]
+        args_model, call_model = models
+        schema = args_model or call_model
+        if schema is None:
             return False
+        injected = set(args_model.model_fields) - set(call_model.model_fields) if args_model and call_model else set()
         try:
             schema.model_validate(prepared.arguments)
-        except ValidationError:
-            return True
+        except ValidationError as exc:
+            return any(not (e["type"] == "missing" and e["loc"] and e["loc"][0] in injected) for e in exc.errors())
         return False
 
     @staticmethod

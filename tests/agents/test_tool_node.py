@@ -469,6 +469,46 @@ async def test_a_later_step_of_a_resumed_subgraph_starts_a_read_only_call_early(
     assert "so it ran" in message.text and message.additional_kwargs["lc_data"]["ran_early"] is True
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_a_read_only_call_its_tools_own_validator_refuses_never_starts_early(
+    harness: Any, thread: Any, mode: str
+) -> None:
+    """The tool's ``args_schema`` has a validator that refuses an absolute path (its call schema, which LangChain builds
+    without validators, accepts it): the call does not start early, and blocked, its notice says it was not executed.
+    A call that only leaves out an argument the tool node injects still starts early."""
+    from langchain_core.tools import StructuredTool
+    from pydantic import BaseModel, field_validator
+
+    class Args(BaseModel):
+        path: str
+        tool_call_id: Annotated[str, InjectedToolCallId]
+
+        @field_validator("path")
+        @classmethod
+        def relative(cls, value: str) -> str:
+            if value.startswith("/"):
+                raise ValueError("absolute paths are not allowed")
+            return value
+
+    h = harness(delay=0.05)
+
+    def read(path: str, tool_call_id: str) -> str:
+        h.runs.add("read_file", path=path)
+        return "contents"
+
+    reader = StructuredTool(name="read_file", description="Read a file.", args_schema=Args, func=read,
+                            metadata=READ_ONLY)
+    for path, ran in (("/secret.txt", False), ("secret.txt", True)):
+        turn = Turn(calls=[("read_file", {"path": path}, "c1")])
+        graph, config = build(h, turn, tools=[reader], side_effecting_tools=["pay"]), thread()
+        out = await run(graph, USER, config, mode)
+        message = out.tool_messages()["c1"]
+        assert "blocked by guard policy" in message.text
+        assert ("read_file", {"path": path}) in h.runs.calls if ran else h.runs.count() == 0
+        assert ("so it ran" in message.text) is ran and ("was not executed" in message.text) is not ran
+
+
 def test_a_read_only_call_blocked_where_no_scratchpad_is_readable_never_claims_it_ran(harness: Any) -> None:
     """Run inside a LangChain runnable that is not a graph task (no scratchpad to read), a read-only call does not start
     early (guard cannot tell whether it is resumed), and blocked, its notice says it was not executed."""
