@@ -1690,7 +1690,7 @@ class DecisionLog:
             if self._background:  # closed: its sink is the writer thread's
                 self._drop("shutdown")
             else:
-                self._write_or_drop(line, self._stream)
+                self._write_or_drop(line, None)  # the stream read under the lock: reopen() swaps it there
             return
         with self._count_lock:
             room = not self._queued_chars or self._queued_chars + len(line) <= self._queue_chars
@@ -1706,9 +1706,11 @@ class DecisionLog:
                          "dropped; %d such errors not logged since the last)", self._queued_chars, count, held)
 
     def _write_or_drop(self, line: str, stream: IO[str] | None) -> None:
+        """Write ``line`` to ``stream`` (``None``: the log's own, read under the lock) or the callable sink; a
+        failing sink drops it."""
         try:
             with self._lock:
-                self._write(line, stream)
+                self._write(line, stream if stream is not None else self._stream)
         except Exception as exc:  # noqa: BLE001 - whatever the sink raises, the decision stands
             count = self._drop("sink_error")
             held = self._sink_error_log.due()

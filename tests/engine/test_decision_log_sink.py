@@ -194,6 +194,40 @@ def test_reopen_writes_the_next_records_to_a_new_file_at_the_path(tmp_path: Path
     assert log.dropped == 0
 
 
+class _Announced:
+    """A log's lock (re-entrant here) that says when a thread starts waiting for it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.waiting = threading.Event()
+
+    def __enter__(self) -> None:
+        self.waiting.set()
+        self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def test_a_record_written_while_the_file_is_reopened_goes_to_the_new_file(tmp_path: Path) -> None:
+    """Without a writer thread, a record whose write waits for the lock while ``reopen`` (logrotate's SIGHUP) swaps
+    the file is written to the file opened again, not dropped on the closed one."""
+    path = tmp_path / "decisions.jsonl"
+    log = DecisionLog(path, background=False)
+    lock = log._lock = _Announced()  # type: ignore[assignment]
+    with lock:  # the write waits here, as it would behind another thread's write
+        writing = threading.Thread(target=log.record, args=(Verdict("allow", "d0", policy_id="p"), None))
+        lock.waiting.clear()
+        writing.start()
+        assert lock.waiting.wait(10)
+        path.rename(tmp_path / "decisions.jsonl.1")
+        log.reopen()  # re-entered: the file is swapped while the write still waits
+    writing.join(10)
+    log.close()
+    assert [json.loads(line)["decision_id"] for line in path.read_text().splitlines()] == ["d0"]
+    assert log.dropped == 0
+
+
 def test_a_fifo_with_no_reader_is_refused_not_waited_for(tmp_path: Path) -> None:
     """Opening a FIFO for writing waits for a reader: the log (and guard proxy's start) blocked for ever."""
     fifo = tmp_path / "decisions.fifo"
