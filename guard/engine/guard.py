@@ -299,34 +299,41 @@ class Guard:
         if not self.telemetry.tracing:  # no span to start: no context manager either (part of every cache hit)
             verdict, lookup = await self._decide_all(policies, subject, decision_id, started, cache_scope, views)
             if self._logs_off_loop(verdict, subject):
-                return await asyncio.to_thread(self._conclude, None, policies, subject, verdict, lookup, views=views)
+                return await asyncio.to_thread(self._conclude, None, policies, subject, verdict, lookup, views=views,
+                                               decision_log=self._loop_writes())  # fmt: skip
             return self._conclude(None, policies, subject, verdict, lookup, views=views)
         with self.telemetry.span(subject) as span:
             verdict, lookup = await self._decide_all(policies, subject, decision_id, started, cache_scope, views)
             if self._logs_off_loop(verdict, subject):
-                return await asyncio.to_thread(self._conclude, span, policies, subject, verdict, lookup, views=views)
+                return await asyncio.to_thread(self._conclude, span, policies, subject, verdict, lookup, views=views,
+                                               decision_log=self._loop_writes())  # fmt: skip
             return self._conclude(span, policies, subject, verdict, lookup, views=views)
 
     def _logs_off_loop(self, verdict: Verdict, subject: Subject) -> bool:
         """Whether the decision is recorded on a thread: its decision-log record copies and redacts every key and
         string of the request (seconds for a body of tens of thousands of keys), so past
-        :data:`INLINE_DECISION_CHARS` of request data it is built and written off the event loop, before
-        :meth:`aevaluate` returns (the record is still written before the decision is acted on)."""
+        :data:`INLINE_DECISION_CHARS` of request data it is built off the event loop (:meth:`_loop_writes`); the
+        record is still written on the loop, before :meth:`aevaluate` returns and the decision is acted on."""
         return (self.decision_log is not None and verdict.policy_id is not None
                 and carries_over(subject, INLINE_DECISION_CHARS))
 
+    def _loop_writes(self) -> _LoopWrites:
+        """The decision log for a decision recorded on a worker thread (called on the event loop)."""
+        assert self.decision_log is not None
+        return _LoopWrites(self.decision_log, asyncio.get_running_loop())
+
     def _conclude(
         self, span: Any, policies: Sequence[Policy], subject: Subject, verdict: Verdict, lookup: Lookup | None, *,
-        views: Mapping[str, Subject] | None = None,
+        views: Mapping[str, Subject] | None = None, decision_log: DecisionLog | _LoopWrites | None = None,
     ) -> Verdict:
         """Record the decision (``span`` ``None``: none was started) under the policy that decided, with the subject
-        it judged (``views``: :meth:`aevaluate`'s)."""
+        it judged (``views``: :meth:`aevaluate`'s), to ``decision_log`` (``None``: the guard's own)."""
         policy = next((p for p in policies if p.id == verdict.policy_id), None)
         if views and policy is not None:
             subject = views.get(policy.id, subject)
         return verdicts.record(
-            self.telemetry, self.decision_log, verdict, subject, policy=policy, cache=lookup, span=span,
-            matched=policies,
+            self.telemetry, decision_log if decision_log is not None else self.decision_log, verdict, subject,
+            policy=policy, cache=lookup, span=span, matched=policies,
         )
 
     def record(self, verdict: Verdict, subject: Subject, *, policy: Policy | None) -> Verdict:
@@ -520,13 +527,15 @@ class Guard:
         decision of its own (counters, span, decision log) under the same decision id."""
         try:
             verdict, lookup = await self._own(plan, subject, raw, state, flags, source, decision_id, started, began)
+            off_loop = self._logs_off_loop(verdict, subject)
+            decision_log = self._loop_writes() if off_loop else self.decision_log
             if not self.telemetry.tracing:
-                await _run(self._logs_off_loop(verdict, subject), verdicts.record, self.telemetry, self.decision_log,
-                           verdict, subject, policy=plan.policy, cache=lookup)  # fmt: skip
+                await _run(off_loop, verdicts.record, self.telemetry, decision_log, verdict, subject,
+                           policy=plan.policy, cache=lookup)  # fmt: skip
                 return
             with self.telemetry.span(subject) as span:
-                await _run(self._logs_off_loop(verdict, subject), verdicts.record, self.telemetry, self.decision_log,
-                           verdict, subject, policy=plan.policy, cache=lookup, span=span)  # fmt: skip
+                await _run(off_loop, verdicts.record, self.telemetry, decision_log, verdict, subject,
+                           policy=plan.policy, cache=lookup, span=span)  # fmt: skip
         except Exception:
             logger.exception("recording shadow policy %s of decision %s failed", plan.policy.id, decision_id)
 
@@ -770,6 +779,24 @@ class Guard:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+class _LoopWrites:
+    """A decision log as a worker thread recording a decision sees it: :meth:`record` builds the record there
+    (:meth:`DecisionLog.build`) and has ``loop`` write it (:meth:`DecisionLog.append`), so a sink is only ever called
+    where the record is made without a thread: a callable may use the loop, a stream shared with the loop's own
+    writes gets whole lines. The write is scheduled before the thread returns, so it runs before the thread's result
+    reaches the loop (and still runs when the awaiting task is cancelled)."""
+
+    def __init__(self, log: DecisionLog, loop: asyncio.AbstractEventLoop) -> None:
+        self._log = log
+        self._loop = loop
+
+    def record(self, verdict: Verdict, subject: Subject | None, **kwargs: Any) -> dict[str, Any]:
+        event, line = self._log.build(verdict, subject, **kwargs)
+        if line is not None:
+            self._loop.call_soon_threadsafe(self._log.append, line)
+        return event
 
 
 async def _run(off_loop: bool, function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

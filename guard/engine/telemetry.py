@@ -1468,7 +1468,8 @@ class DecisionLog:
         background: write lines from a thread of the log's own, which takes them through a queue of at most
             ``queue_chars`` characters, so a sink that blocks (a FIFO nobody reads, a stalled disk or producer) never
             holds a decision; a line the queue has no room for is dropped. ``None`` (default): for a path, not for a
-            stream or callable (written to where the record is made; pass ``True`` when it may block).
+            stream or callable (written to where the decision is recorded: under ``Guard.aevaluate`` on the event loop,
+            a large request's record too, which is built on a worker thread; pass ``True`` when it may block).
         queue_chars: most characters the queue holds (:data:`QUEUE_CHARS` by default).
         meter_provider: where ``guard.decision_log.dropped`` (records dropped, by ``reason``:
             ``queue_full``, ``sink_error``, ``unbuildable``, ``shutdown``) is counted; ``None`` = the global one.
@@ -1617,18 +1618,31 @@ class DecisionLog:
         return record
 
     def record(self, verdict: Verdict, subject: Subject | None, **kwargs: Any) -> dict[str, Any]:
-        """Build and write the record for one decision; a record that cannot be built (returned as ``{}``) or a
-        failing sink drops it (counted in ``dropped``, logged), never the decision."""
+        """Build and write the record for one decision (:meth:`build`, then :meth:`append`); a record that cannot
+        be built (returned as ``{}``) or a failing sink drops it (counted in ``dropped``, logged), never the
+        decision."""
+        event, line = self.build(verdict, subject, **kwargs)
+        if line is not None:
+            self.append(line)
+        return event
+
+    def build(self, verdict: Verdict, subject: Subject | None, **kwargs: Any) -> tuple[dict[str, Any], str | None]:
+        """The record for one decision and its JSON line, not written (:meth:`append` writes it): safe on a worker
+        thread, as it touches no sink. A record that cannot be built is dropped (counted in ``dropped``, logged)
+        and returned as ``({}, None)``."""
         try:
             event = self.event(verdict, subject, **kwargs)
-            line = _json_line(event)
+            return event, _json_line(event)
         except Exception as exc:  # noqa: BLE001 - whatever the subject held, the decision stands
             # the type only: an exception's text may quote the input the record was being redacted from
             logger.error("decision log record could not be built (%d dropped): %s", self._drop("unbuildable"),
                          type(exc).__name__)
-            return {}
+            return {}, None
+
+    def append(self, line: str) -> None:
+        """Write one line :meth:`build` made, as :meth:`record` does (to the writer thread's queue, or to the sink
+        from the calling thread)."""
         self._append(line)
-        return event
 
     def review(self, event: ReviewEvent) -> dict[str, Any]:
         """Build and write the record of one reviewer event (:data:`REVIEW_RECORD_KIND`: ``kind``, ``event``,

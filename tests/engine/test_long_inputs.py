@@ -153,8 +153,8 @@ def test_carries_over_counts_every_kind_of_request_data() -> None:
 
 async def test_a_large_requests_decision_record_is_built_on_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past ``INLINE_DECISION_CHARS`` of request data, the decision log's record (a redacted copy of every key of the
-    body: seconds for tens of thousands of keys) is built and written off the event loop, before ``aevaluate``
-    returns; a small request's is written inline. Both are written, in the order decided."""
+    body: seconds for tens of thousands of keys) is built off the event loop and written before ``aevaluate``
+    returns; a small request's is built inline. Both are written, in the order decided."""
     import threading
 
     from guard.engine.guard import INLINE_DECISION_CHARS
@@ -180,3 +180,32 @@ async def test_a_large_requests_decision_record_is_built_on_a_thread(monkeypatch
     assert threads[0] == loop_thread and threads[1] != loop_thread
     assert ['"small"' in lines[0], '"large"' in lines[1]] == [True, True]
     assert "hunter2-correct" not in "".join(lines)
+
+
+async def test_a_large_requests_decision_record_is_written_on_the_event_loop() -> None:
+    """The record built on a thread is handed to the sink on the loop's thread, as a small request's is: a callable
+    sink may use the running loop, and a stream the loop also writes to gets whole lines."""
+    import asyncio
+    import threading
+
+    from guard.engine.guard import INLINE_DECISION_CHARS
+    from guard.engine.telemetry import DecisionLog
+    from guard.policy import load_text
+
+    threads: list[int] = []
+    queued: asyncio.Queue[str] = asyncio.Queue()
+
+    def sink(line: str) -> None:
+        threads.append(threading.get_ident())
+        asyncio.get_running_loop()  # raises off the loop
+        queued.put_nowait(line)
+
+    log = DecisionLog(sink)
+    keys = INLINE_DECISION_CHARS // 8
+    async with Guard(load_text(READS_TEXT), backends=FixtureBackend(), decision_log=log) as guard:
+        await guard.aevaluate(post("/notes", {"text": "small"}))
+        await guard.aevaluate(post("/notes", {"text": "large", **{f"k{i}": "v" for i in range(keys)}}))
+        assert queued.qsize() == 2  # written before aevaluate returned
+    assert threads == [threading.get_ident()] * 2
+    assert log.dropped == 0
+    assert ['"small"' in queued.get_nowait(), '"large"' in queued.get_nowait()] == [True, True]

@@ -111,6 +111,34 @@ async def test_a_slow_shadow_policy_does_not_delay_the_enforced_verdict(sync: bo
     assert slow.calls == 1
 
 
+async def test_a_large_late_shadow_decision_is_written_on_the_event_loop() -> None:
+    """A late shadow decision on a large request builds its record on a thread and hands it to the sink on the loop's
+    thread: a callable sink may use the running loop."""
+    import threading
+
+    from guard.engine.guard import INLINE_DECISION_CHARS
+
+    threads: list[int] = []
+    lines: list[str] = []
+
+    def sink(line: str) -> None:
+        threads.append(threading.get_ident())
+        asyncio.get_running_loop()  # raises off the loop
+        lines.append(line)
+
+    log = DecisionLog(sink)
+    fast = ScriptedBackend(lambda r: {"spam": 0.01})
+    slow = ScriptedBackend(lambda r: {"topic": 0.95}, delay=0.2)
+    text = "policies:" + ENFORCED + SHADOW.replace("    questions:", "    backend: slow\n    questions:")
+    body = {"t": "hello", **{f"k{i}": "v" for i in range(INLINE_DECISION_CHARS // 8)}}
+    large = HttpSubject(method="POST", path="/x", body=body, body_text="\n".join(body.values()))
+    async with Guard(load_text(text), backends={"default": fast, "slow": slow}, decision_log=log) as guard:
+        await guard.aevaluate(large)
+    assert [json.loads(line)["policy"]["id"] for line in lines] == ["enforced", "trial"]
+    assert threads == [threading.get_ident()] * 2
+    assert log.dropped == 0
+
+
 def test_a_late_shadow_decision_is_recorded_before_the_server_stops() -> None:
     """GuardMiddleware: stopping the server (lifespan shutdown) waits for a late shadow decision, so the shadow trial
     loses none (it was cancelled with the event loop)."""
