@@ -41,8 +41,9 @@ class TextMemo(Generic[R]):
     in all, an entry counting the characters of its ``str`` arguments plus ``result_chars(result)`` (0 without it).
     A Python string takes 1, 2 or 4 bytes a character (by the widest character it holds) plus about 50, so
     ``max_chars`` characters are ``max_chars`` to ``4 * max_chars`` bytes, plus what ``result_chars`` leaves
-    uncounted. A result that alone counts more than ``max_chars`` is returned and not remembered (it is computed on
-    every call).
+    uncounted. A result that alone counts more than ``max_chars`` is not put in the table; the last such result is
+    kept apart (:attr:`oversize`, one per table, replaced by the next), so a long text read for every argument of a
+    call, and by the calls after it, is computed once while no other long text comes between.
 
     Thread-safe: a lookup is one ``OrderedDict`` read and one move to the end, each atomic under the GIL (a key
     evicted between the two is still returned); storing and evicting run under a lock, and the function runs outside
@@ -62,6 +63,7 @@ class TextMemo(Generic[R]):
         self.max_chars = max_chars
         self.result_chars = result_chars
         self.entries: OrderedDict[Any, tuple[R, int]] = OrderedDict()
+        self.oversize: tuple[Any, R] | None = None
         self.chars = 0
         self.misses = 0
         self._lock = threading.Lock()
@@ -74,7 +76,9 @@ class TextMemo(Generic[R]):
             chars += self.result_chars(result)
         with self._lock:
             self.misses += 1
-            if chars <= self.max_chars and key not in self.entries:
+            if chars > self.max_chars:
+                self.oversize = (key, result)
+            elif key not in self.entries:
                 self.entries[key] = (result, chars)
                 self.chars += chars
                 while self.chars > self.max_chars or len(self.entries) > self.max_entries:
@@ -89,6 +93,7 @@ class TextMemo(Generic[R]):
     def cache_clear(self) -> None:
         with self._lock:
             self.entries.clear()
+            self.oversize = None
             self.chars = self.misses = 0
 
 
@@ -119,6 +124,9 @@ def text_memo(
             key = args[0] if len(args) == 1 else args
             entry = look_up(key)
             if entry is None:
+                oversize = memo.oversize
+                if oversize is not None and oversize[0] == key:
+                    return oversize[1]
                 return compute(key, args)
             try:
                 move_to_end(key)

@@ -585,7 +585,13 @@ def _contains(text: str, needle: str, marks: str | None, joined: bool = False) -
 _FOUND_BEFORE_PATTERN = 8
 
 
-@text_memo(max_entries=CACHED_TEXTS, max_chars=CACHED_CHARS, result_chars=lambda pattern: len(pattern.pattern))
+#: What a memo counts for a compiled :func:`_near_misses` pattern per character of its source: the compiled
+#: look-behind holds about 17 bytes a character.
+PATTERN_CHAR_WEIGHT = 20
+
+
+@text_memo(max_entries=CACHED_TEXTS, max_chars=CACHED_CHARS,
+           result_chars=lambda pattern: PATTERN_CHAR_WEIGHT * len(pattern.pattern))
 def _near_misses(needle: str, marks: str, joined: bool) -> re.Pattern[str]:
     """A pattern of ``needle`` that leaves out the places :func:`_contains` rules out for an ASCII neighbour: after
     one of ``marks`` or an ASCII letter or digit that continues its first character, before one that continues its

@@ -40,9 +40,12 @@ def test_results_count_and_an_entry_past_the_bound_is_not_kept() -> None:
     assert tripled.cache_info().chars == 40
     assert tripled("y" * 11) == "y" * 33  # 44 characters alone: computed, not kept, and the others stay
     assert tripled.cache_info().currsize == 1
-    tripled("y" * 11)
+    tripled("y" * 11)  # the last result past the bound is kept apart: not computed again
     tripled("x" * 10)
-    assert calls == ["x" * 10, "y" * 11, "y" * 11]
+    tripled("z" * 11)  # replaces it
+    tripled("y" * 11)
+    assert calls == ["x" * 10, "y" * 11, "z" * 11, "y" * 11]
+    assert tripled.cache_info().currsize == 1
 
 
 def test_the_entry_bound_still_holds_and_clear_empties() -> None:
