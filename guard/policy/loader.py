@@ -283,8 +283,8 @@ def _compile(
             problem(("rules", i, "when"), reason)
         for reason in [*answer_literal_errors(rule.when, wires, file_spec.data), *header_name_errors(rule.when),
                        *fixed_value_errors(rule.when, state_sources),
-                       *(_header_token_error(f"the header {name!r} this rule reads")
-                         for name in sorted(rule_header_reads(rule.when) or ()) if not _HEADER_TOKEN.fullmatch(name))]:
+                       *filter(None, (_header_name_error(name, f"the header {name!r} this rule reads")
+                                      for name in sorted(rule_header_reads(rule.when) or ())))]:
             problem(("rules", i, "when"), reason)
             literal_errors.add(rule.id)
         outcome = _outcome(rule, ("rules", i), file_spec, problem)
@@ -302,8 +302,8 @@ def _compile(
             problem(("rules", i, "when"), failures[rule.id])
     if spec.match.http is not None:
         for name in spec.match.http.headers:
-            if not _HEADER_TOKEN.fullmatch(name):
-                problem(("match", "http", "headers", name), _header_token_error(f"the header name {name!r}"))
+            if (error := _header_name_error(name, f"the header name {name!r}")) is not None:
+                problem(("match", "http", "headers", name), error)
     default = _outcome(spec.default, ("default",), file_spec, problem)
     _check_actions(spec, problem)
     on_error = None
@@ -607,9 +607,16 @@ def _state(spec: PolicySpec, problem: Any) -> tuple[StateField, ...] | None:
     return tuple(fields)
 
 
-def _header_token_error(what: str) -> str:
-    return (f"{what} is not an HTTP field name (RFC 9110: letters, digits and !#$%&'*+-.^_`|~): no request has "
-            "such a header")
+def _header_name_error(name: str, what: str) -> str | None:
+    """Why a policy cannot read the header ``name`` (``what`` names it in the message), or ``None``: it is not an
+    HTTP field name, or it is spelled with ``_``, which guard reads as a copy of the ``-`` name and the proxy drops."""
+    if not _HEADER_TOKEN.fullmatch(name):
+        return (f"{what} is not an HTTP field name (RFC 9110: letters, digits and !#$%&'*+-.^_`|~): no request has "
+                "such a header")
+    if "_" in name:
+        return (f"{what} is spelled with '_', which guard reads as a copy of {name.replace('_', '-')!r} (a WSGI "
+                f"server reads both alike) and guard proxy never forwards; write {name.replace('_', '-')!r}")
+    return None
 
 
 def _state_field(name: str, source: SourceSpec, kinds: set[str], problem: Any) -> StateField | None:
@@ -655,8 +662,9 @@ def _state_field(name: str, source: SourceSpec, kinds: set[str], problem: Any) -
         problem(("name",), f"'name' applies to {', '.join(sorted(NAMED_SOURCES))}, not {src}")
     if src == "header" and source.name is None:
         problem(("name",), "a header source needs 'name' (e.g. header:user-agent); headers are never sent whole")
-    elif src == "header" and source.name is not None and not _HEADER_TOKEN.fullmatch(source.name):
-        problem(("name",), _header_token_error(f"the header name {source.name!r}"))
+    elif src == "header" and source.name is not None and (
+            error := _header_name_error(source.name, f"the header name {source.name!r}")) is not None:
+        problem(("name",), error)
     if "repeated" in fields_set:
         if src not in NAMED_SOURCES or source.name is None:
             problem(("repeated",), "'repeated' says how to read a query parameter, form field or header sent more "

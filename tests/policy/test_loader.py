@@ -199,6 +199,24 @@ def test_a_header_name_no_request_can_have_is_a_load_error(old: str, new: str, l
     assert "is not an HTTP field name" in error.reason, error.reason
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "line", "key"),
+    [
+        ("    questions:\n", '    state: {dry: "header:x_dry_run"}\n    questions:\n', 6, "policies[0].state.dry.name"),
+        ("      http: {methods: [POST]}\n", "      http: {methods: [POST], headers: {x_tier: gold}}\n", 5,
+         "policies[0].match.http.headers.x_tier"),
+        ("        when: urgency.score >= 1.5", "        when: subject.headers['x_dry_run'] == 'true'", 17,
+         "policies[0].rules[0].when"),
+    ],
+)
+def test_a_header_name_spelled_with_an_underscore_is_a_load_error(old: str, new: str, line: int, key: str) -> None:
+    """``header:x_dry_run`` loaded: guard judged a header the proxy never forwards (the upstream ran without it) and
+    that a WSGI server reads as ``x-dry-run``; the name is refused with the spelling to write."""
+    error = load_error(BASE.replace(old, new, 1))
+    assert (error.line, error.key) == (line, key), str(error)
+    assert "spelled with '_'" in error.reason and "write 'x-" in error.reason, error.reason
+
+
 def test_a_views_read_header_names_are_made_once_as_bytes() -> None:
     text = BASE.replace("      http: {methods: [POST]}\n", "      http: {methods: [POST], headers: {x-tier: gold}}\n")
     text = text.replace("urgency.score >= 1.5", "urgency.score >= 1.5 && subject.headers['x-dry-run'] == 'a'")
