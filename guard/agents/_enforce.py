@@ -338,8 +338,8 @@ class ToolCallEnforcer:
         ``tools`` entry, else the application's ``guard_effect`` metadata, :func:`~guard.agents._arguments.guard_effect`;
         that metadata alone when none matches). An MCP server's ``readOnlyHint`` does not count here (the server
         sets it). A side-effecting tool, or one whose effect is unknown, waits for its verdict, as does a call whose
-        arguments the tool refuses (:meth:`_refuses`: it would not run, so nothing starts)."""
-        if self.side_effecting is None or prepared.tool in self.side_effecting or self._refuses(prepared):
+        arguments the tool refuses or may refuse (:meth:`_refuses`: it would not run, so nothing starts)."""
+        if self.side_effecting is None or prepared.tool in self.side_effecting or self._refuses(prepared) is not False:
             return False
         declared = guard_effect(prepared.request.tool)
         policies = self.judge.guard.matching(prepared.subject)
@@ -464,7 +464,7 @@ class ToolCallEnforcer:
         where the original call started before its verdict; any other result as it is."""
         if not prepared.edited or not isinstance(result, ToolMessage):
             return result
-        refused = result.status == "error" and self._refuses(prepared)
+        refused = result.status == "error" and self._refuses(prepared) is True
         notice = msgs.edit_notice(prepared.tool, prepared.arguments, refused=refused, **self._started(prepared))
         update: dict[str, Any] = {}
         if prepared.ran_early:
@@ -479,11 +479,13 @@ class ToolCallEnforcer:
         return result.model_copy(update=update)
 
     @staticmethod
-    def _refuses(prepared: Prepared) -> bool:
+    def _refuses(prepared: Prepared) -> bool | None:
         """Whether the tool refuses the call's arguments, so it does not run: its ``args_schema`` (with the tool's own
         validators) does not validate them, leaving aside missing arguments the tool node injects (those its call
-        schema leaves out); its call schema when ``args_schema`` is not a pydantic model. ``False`` when that cannot
-        be told (no tool, neither schema a pydantic model)."""
+        schema leaves out); its call schema when ``args_schema`` is not a pydantic model. ``False`` when there is no
+        schema to ask (no tool, neither schema a pydantic model); ``None`` when a validator of the tool's raised
+        something other than a validation error (one that reads an injected argument the call does not hold yet):
+        it cannot be told."""
         tool = prepared.request.tool
         schemas = [getattr(tool, "args_schema", None), getattr(tool, "tool_call_schema", None)]
         models = [s if isinstance(s, type) and issubclass(s, BaseModel) else None for s in schemas]
@@ -496,6 +498,8 @@ class ToolCallEnforcer:
             schema.model_validate(prepared.arguments)
         except ValidationError as exc:
             return any(not (e["type"] == "missing" and e["loc"] and e["loc"][0] in injected) for e in exc.errors())
+        except Exception:  # noqa: BLE001 - the tool's own validator failed without the injected arguments
+            return None
         return False
 
     @staticmethod

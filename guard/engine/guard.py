@@ -786,7 +786,8 @@ class _LoopWrites:
     (:meth:`DecisionLog.build`) and has ``loop`` write it (:meth:`DecisionLog.append`), so a sink is only ever called
     where the record is made without a thread: a callable may use the loop, a stream shared with the loop's own
     writes gets whole lines. The write is scheduled before the thread returns, so it runs before the thread's result
-    reaches the loop (and still runs when the awaiting task is cancelled)."""
+    reaches the loop (and still runs when the awaiting task is cancelled); where the loop has closed meanwhile, the
+    thread writes it."""
 
     def __init__(self, log: DecisionLog, loop: asyncio.AbstractEventLoop) -> None:
         self._log = log
@@ -795,7 +796,10 @@ class _LoopWrites:
     def record(self, verdict: Verdict, subject: Subject | None, **kwargs: Any) -> dict[str, Any]:
         event, line = self._log.build(verdict, subject, **kwargs)
         if line is not None:
-            self._loop.call_soon_threadsafe(self._log.append, line)
+            try:
+                self._loop.call_soon_threadsafe(self._log.append, line)
+            except RuntimeError:  # the loop closed while the record was built: nothing would run the write
+                self._log.append(line)
         return event
 
 

@@ -509,6 +509,40 @@ async def test_a_read_only_call_its_tools_own_validator_refuses_never_starts_ear
         assert ("so it ran" in message.text) is ran and ("was not executed" in message.text) is not ran
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_a_tool_whose_validator_needs_an_injected_argument_still_runs(harness: Any, thread: Any, mode: str) -> None:
+    """The tool's ``args_schema`` has a before-validator that reads the state the tool node injects: asked without
+    it, the validator raised ``KeyError``, which escaped guard's check of the arguments and failed the run. It cannot
+    be told, so the call waits for its verdict and then runs once."""
+    from langchain_core.tools import StructuredTool
+    from langgraph.prebuilt import InjectedState
+    from pydantic import BaseModel, model_validator
+
+    class Args(BaseModel):
+        path: str
+        state: Annotated[dict, InjectedState]
+
+        @model_validator(mode="before")
+        @classmethod
+        def has_history(cls, data: Any) -> Any:
+            data["state"]["messages"]
+            return data
+
+    h = harness()
+
+    def read(path: str, state: dict) -> str:
+        h.runs.add("read_file", path=path)
+        return "contents"
+
+    reader = StructuredTool(name="read_file", description="Read a file.", args_schema=Args, func=read,
+                            metadata=READ_ONLY)
+    turn = Turn(calls=[("read_file", {"path": "notes.txt"}, "c1")])
+    out = await run(build(h, turn, tools=[reader], side_effecting_tools=["pay"]), USER, thread(), mode)
+    message = out.tool_messages()["c1"]
+    assert (message.status, message.text, h.runs.calls) == ("success", "contents", [("read_file", {"path": "notes.txt"})])
+
+
 def test_a_read_only_call_blocked_where_no_scratchpad_is_readable_never_claims_it_ran(harness: Any) -> None:
     """Run inside a LangChain runnable that is not a graph task (no scratchpad to read), a read-only call does not start
     early (guard cannot tell whether it is resumed), and blocked, its notice says it was not executed."""

@@ -209,3 +209,24 @@ async def test_a_large_requests_decision_record_is_written_on_the_event_loop() -
     assert threads == [threading.get_ident()] * 2
     assert log.dropped == 0
     assert ['"small"' in queued.get_nowait(), '"large"' in queued.get_nowait()] == [True, True]
+
+
+def test_a_record_built_on_a_thread_after_its_loop_closed_is_written_there() -> None:
+    """The loop closed while a large request's record was built (a caller that gave up and closed it): handing the
+    write to it raised in the thread and the record was lost, uncounted. The thread writes it."""
+    import asyncio
+
+    from guard.engine.guard import _LoopWrites
+    from guard.engine.telemetry import DecisionLog
+    from guard.policy import load_text
+
+    lines: list[str] = []
+    log = DecisionLog(lines.append)
+    subject = post("/notes", {"text": "large"})
+    guard = Guard(load_text(READS_TEXT), backends=FixtureBackend())
+    verdict = guard.evaluate(subject)
+    guard.close()
+    closed = asyncio.new_event_loop()
+    closed.close()
+    _LoopWrites(log, closed).record(verdict, subject)
+    assert len(lines) == 1 and '"large"' in lines[0] and log.dropped == 0
