@@ -600,11 +600,13 @@ class RedisReviewStore:
     command fails): a change that meets such a key is refused as ``tampered`` with nothing written.
 
     A transition whose reply is lost (a read timeout or a connection cut after the script was sent: Redis may have
-    run it) is not taken as failed: each writes a nonce of its own (the item's ``change`` field) beside the new seal,
-    and the item is read again (:data:`LOST_REPLY_WAITS`). With the new status, that seal and that nonce, the change
-    was made and is returned as made; changed otherwise, it was not (a conflict: the script needs the seal it read);
-    still as it was read, or not readable, the change may yet be made, and :class:`~guard.errors.ReviewOutcomeUnknown`
-    says so. A change is made at most once either way.
+    run it) is not taken as failed: each carries a nonce of its own (an approval or rejection in its sealed
+    ``decided``, which the release that may follow keeps; a release, an item's last change, in the item's ``change``
+    field beside its seal), and the item is read again (:data:`LOST_REPLY_WAITS`), its seal checked. Holding this
+    change's ``decided``, or this release's seal and nonce, the change was made and is returned as made (an approval
+    also when the item was released since); changed otherwise, it was not (a conflict: the script needs the seal it
+    read); still as it was read, or not readable, the change may yet be made, and
+    :class:`~guard.errors.ReviewOutcomeUnknown` says so. A change is made at most once either way.
 
     Attributes:
         tampered: items refused so far because their seal did not check or they were put back to an earlier state.
@@ -620,7 +622,7 @@ class RedisReviewStore:
     # ARGV[6] = its expiry (the index score), ARGV[7] = the bytes of its request freed (deleted; "0" when kept: else
     # the store's budget frees them and the item leaves its client's budget whole, as a decided item is kept for
     # reviewers until it expires and its client could not free it),
-    # ARGV[8..] = field/value pairs to set (the new seal and the change's nonce among them). Returns {code, current
+    # ARGV[8..] = field/value pairs to set (the new seal among them; a release's nonce too). Returns {code, current
     # status}: 0 missing, 1 wrong status, 2 digest mismatch, 3 changed, 4 the item changed since it was read; 5 (then
     # the keys) keys beside the item hold another type than the store writes there (sizes hashes at KEYS[4] and
     # KEYS[6], sorted sets elsewhere): checked before any write, as Redis does not undo a script's writes when a later
@@ -1181,8 +1183,11 @@ return {0}
         fields = {**dict(zip(self._FIELDS, texts)), "status": to, **changes}
         key = self._key(review_id)
         seal = self._sealer.seal(key, _sealed([fields[f] for f in self._FIELDS]))
-        nonce = secrets.token_hex(16)  # this change's own, to tell it from another after a lost reply
-        pairs = [x for name, value in {**changes, "seal": seal, "change": nonce}.items() for x in (name, value)]
+        # to tell this change from another after a lost reply: an approval or rejection holds a nonce of its own in
+        # its ``decided`` (sealed); a release, an item's last change, writes one beside its seal (``change``)
+        nonce = None if "decided" in changes else secrets.token_hex(16)
+        written = {**changes, "seal": seal, **({"change": nonce} if nonce is not None else {})}
+        pairs = [x for name, value in written.items() for x in (name, value)]
         held = self._decode(texts, with_request=False)
         indexes = [x for old, new in zip(self._indexes(need, held.tenant), self._indexes(to, held.tenant), strict=True)
                    for x in (old, new)]
@@ -1202,7 +1207,7 @@ return {0}
             cause = exc.__cause__
             if not isinstance(cause, (RedisConnectionError, RedisTimeoutError, OSError)) or isinstance(cause, _NOT_RUN):
                 raise  # Redis answered (an error reply, LOADING, NOAUTH) or never took the command: it did not run
-            await self._made(review_id, need, to, texts[-1] or "", seal, nonce)
+            await self._made(review_id, need, to, texts[-1] or "", seal, changes.get("decided"), nonce)
             code, current, wrong = 3, to, []
         current = self._text(current, "replace") or ""  # a status named in a conflict only
         if int(code) == 0:
@@ -1226,15 +1231,17 @@ return {0}
         return item
 
     async def _made(self, review_id: str, need: ReviewStatus, to: ReviewStatus, read_seal: str, seal: str,
-                    nonce: str) -> None:
-        """After the reply to the transition to ``to`` was lost: read the item's status, seal and nonce again (after
-        each wait of :data:`LOST_REPLY_WAITS`) and return once they are ``to``, ``seal`` and ``nonce``: the change was
-        made.
+                    decided: str | None, nonce: str | None) -> None:
+        """After the reply to the transition to ``to`` was lost: read the item again (after each wait of
+        :data:`LOST_REPLY_WAITS`), its seal checked, and return once it shows the change made: for an approval or a
+        rejection, it holds the change's own ``decided`` (sealed, with the change's nonce in it, and kept by the
+        release that may follow an approval before the item is read); for a release (no later change), it holds
+        ``seal`` and the release's ``nonce`` beside it.
 
         Raises:
             ReviewNotFound: the item is gone.
             ReviewConflict: the item changed otherwise (another change was made; this one no longer can be: the script
-                needs ``read_seal``), or holds a status no store writes (``tampered``).
+                needs ``read_seal``), or fails its seal check (``tampered``).
             ReviewOutcomeUnknown: the item is still as it was read (the change may be on its way still), or Redis did
                 not answer: whether the change was made is unknown.
         """
@@ -1242,18 +1249,22 @@ return {0}
             await asyncio.sleep(wait)
             try:
                 raw = await self._call(review_id, self._client.execute_command(
-                    "HMGET", self._key(review_id), "status", "seal", "change", **_AS_BYTES), one_item=True)
+                    "HMGET", self._key(review_id), *self._FIELDS, "change", **_AS_BYTES), one_item=True)
             except ReviewStoreUnavailable:
                 continue
-            status, found_seal, found_nonce = (self._text(value, "replace") for value in raw)
-            if status == to and found_seal == seal and found_nonce == nonce:
+            texts = self._checked(review_id, raw[:-1])
+            if texts is None:
+                raise ReviewNotFound(review_id)
+            if decided is not None:
+                made = texts[3] == decided
+            else:
+                made = texts[-1] == seal and self._text(raw[-1], "replace") == nonce
+            if made:
                 logger.warning("review item %s: the reply to its change to %s was lost; read again, the change was "
                                "made", review_id, to)
                 return
-            if status is None:
-                raise ReviewNotFound(review_id)
-            if found_seal != read_seal:
-                raise _conflict(review_id, status, need) if status in STATUSES else self._tampered(review_id)
+            if texts[-1] != read_seal:
+                raise _conflict(review_id, texts[0] or "", need)
         logger.warning("review item %s: the reply to its change to %s was lost and reading it again did not tell "
                        "whether the change was made", review_id, to)
         raise ReviewOutcomeUnknown(review_id, f"the change to {to} was sent to Redis but its reply was lost, and "
@@ -1261,7 +1272,8 @@ return {0}
                                    "trying again")
 
     async def _decide(self, review_id: str, to: ReviewStatus, by: str | None, note: str | None) -> ReviewItem:
-        decided = json.dumps({"by": by, "at": time.time(), "note": note})
+        # the nonce tells this change from another after a lost reply (:meth:`_made`)
+        decided = json.dumps({"by": by, "at": time.time(), "note": note, "change": secrets.token_hex(16)})
         changes = {"decided": decided} if to == "approved" else {"decided": decided, "request": ""}
         return await self._move(review_id, "pending", to, "", changes)
 

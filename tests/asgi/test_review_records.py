@@ -165,6 +165,39 @@ async def test_an_approval_and_a_release_whose_redis_reply_is_lost_are_answered_
     await store.aclose()
 
 
+async def test_an_approval_whose_redis_reply_is_lost_and_the_release_lands_first_is_answered_and_recorded(
+        make_guard: GuardFactory, create_redis: Any) -> None:
+    """Redis ran the approval, its reply was lost, and the client's release landed before the item was read again:
+    the reviewer got 409 (the item released) and no ``approved`` record was written (its note's hash and
+    ``accept_unseen_body`` lost). Found made, the approval is answered and recorded as made."""
+    from tests.asgi.test_review_store import _lose_the_next_transition_reply
+
+    guard, lines = _logged_guard(make_guard)
+    client = create_redis()
+    store = RedisReviewStore(client, prefix=create_redis.prefix)
+    async with client_for(_app(guard, store)) as http:
+        held = (await http.post("/v1/echo", content=UNSURE, headers=JSON)).json()
+        rid = held["review_id"]
+        release = {"authorization": "Bearer client-token", "x-tenant": "acme",
+                   "x-guard-release-token": held["release_token"]}
+        released = []
+
+        async def the_client_releases() -> None:
+            released.append(await http.post(held["release_url"], headers=release))
+
+        _lose_the_next_transition_reply(client, meanwhile=the_client_releases)
+        approved = await http.post(f"/admin/reviews/{rid}/approve", headers=ADMIN, json={"note": NOTE})
+        assert approved.status_code == 200 and approved.json()["decided_by"] == "alice", approved.text
+        assert released[0].status_code == 200 and released[0].headers["x-guard-review"] == "released"
+        assert released[0].json()["sha256"] == hashlib.sha256(UNSURE).hexdigest()
+    reviews = _reviews(lines)
+    assert [(r["event"], r["reviewer"], r["review_id"]) for r in reviews] == [
+        ("released", "alice", rid), ("approved", "alice", rid)]
+    assert reviews[1]["note_sha256"] == hashlib.sha256(NOTE.encode()).hexdigest()
+    assert reviews[1]["accept_unseen_body"] is False
+    await store.aclose()
+
+
 async def test_a_change_whose_redis_reply_is_lost_and_not_seen_made_says_its_outcome_is_unknown(
         make_guard: GuardFactory, create_redis: Any) -> None:
     """Not found made when read again, the answer is 503 ``review_outcome_unknown`` (read the status before deciding

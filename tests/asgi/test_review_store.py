@@ -418,9 +418,10 @@ async def test_redis_listing_pages_by_score_so_a_removal_elsewhere_skips_no_live
 
 
 def _lose_the_next_transition_reply(client: Any, *, runs: bool = True, meanwhile: Any = None) -> list[str]:
-    """The next transition script sent on ``client`` runs in Redis (unless not ``runs``; ``meanwhile()`` is awaited
-    in its place then) but its reply is lost: the call raises redis-py's TimeoutError, as a read past the socket
-    timeout does. Later commands pass. Returns the list the lost call is noted in."""
+    """The next transition script sent on ``client`` runs in Redis (unless not ``runs``) but its reply is lost: the
+    call raises redis-py's TimeoutError, as a read past the socket timeout does. ``meanwhile()`` is awaited before the
+    reply is lost (after the script ran, or in its place). Later commands pass. Returns the list the lost call is
+    noted in."""
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     send, lost = client.execute_command, []
@@ -430,7 +431,7 @@ def _lose_the_next_transition_reply(client: Any, *, runs: bool = True, meanwhile
             lost.append(args[4 + int(args[2])])  # the new status (ARGV[2])
             if runs:
                 await send(*args, **kwargs)
-            elif meanwhile is not None:
+            if meanwhile is not None:
                 await meanwhile()
             raise RedisTimeoutError("Timeout reading from 127.0.0.1:6379")
         return await send(*args, **kwargs)
@@ -487,6 +488,43 @@ async def test_a_redis_change_whose_reply_is_lost_and_not_seen_made_is_of_unknow
         await store.approve(item.id, by="alice")
     assert conflict.value.status == "rejected"
     assert (await store.get(item.id)).decided_by == "bob"
+    await store.aclose()
+    await other.aclose()
+
+
+async def test_an_approval_whose_reply_is_lost_is_made_though_the_item_was_released_before_it_was_read_again(
+        create_redis: Any) -> None:
+    """Redis ran the approval, its reply was lost, and the item was released before it was read again: the release
+    had replaced the approval's seal and nonce, so the approval was answered as a conflict (the item released) though
+    it was made. The approval's sealed ``decided`` (its own, kept by the release) tells it made, and it is returned
+    as made. An approval that another reviewer made in its place is still a conflict."""
+    client = create_redis()
+    store = RedisReviewStore(client, prefix=create_redis.prefix)
+    other = RedisReviewStore(create_redis(), prefix=create_redis.prefix)
+    item = await store.create(_verdict(), subject={}, digest="d", request={"body_b64": "e30="})
+
+    async def released_elsewhere() -> None:
+        await other.release(item.id, "d")
+
+    lost = _lose_the_next_transition_reply(client, meanwhile=released_elsewhere)
+    approved = await store.approve(item.id, by="alice", note="ok")
+    assert lost == ["approved"]
+    assert (approved.status, approved.decided_by, approved.note) == ("approved", "alice", "ok")
+    assert (await store.get(item.id)).status == "released"
+    with pytest.raises(ReviewConflict):
+        await store.approve(item.id, by="alice")
+
+    second = await store.create(_verdict(), subject={}, digest="d")
+
+    async def approved_and_released_elsewhere() -> None:
+        await other.approve(second.id, by="bob", note="ok")
+        await other.release(second.id, "d")
+
+    _lose_the_next_transition_reply(client, runs=False, meanwhile=approved_and_released_elsewhere)
+    with pytest.raises(ReviewConflict) as conflict:
+        await store.approve(second.id, by="bob", note="ok")
+    assert conflict.value.status == "released"
+    assert (await store.get(second.id)).decided_by == "bob"
     await store.aclose()
     await other.aclose()
 
