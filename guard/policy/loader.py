@@ -283,8 +283,8 @@ def _compile(
             problem(("rules", i, "when"), reason)
         for reason in [*answer_literal_errors(rule.when, wires, file_spec.data), *header_name_errors(rule.when),
                        *fixed_value_errors(rule.when, state_sources),
-                       *filter(None, (_header_name_error(name, f"the header {name!r} this rule reads")
-                                      for name in sorted(rule_header_reads(rule.when) or ())))]:
+                       *(_header_token_error(f"the header {name!r} this rule reads")  # '_': header_name_errors
+                         for name in sorted(rule_header_reads(rule.when) or ()) if not _HEADER_TOKEN.fullmatch(name))]:
             problem(("rules", i, "when"), reason)
             literal_errors.add(rule.id)
         outcome = _outcome(rule, ("rules", i), file_spec, problem)
@@ -607,12 +607,16 @@ def _state(spec: PolicySpec, problem: Any) -> tuple[StateField, ...] | None:
     return tuple(fields)
 
 
+def _header_token_error(what: str) -> str:
+    return (f"{what} is not an HTTP field name (RFC 9110: letters, digits and !#$%&'*+-.^_`|~): no request has "
+            "such a header")
+
+
 def _header_name_error(name: str, what: str) -> str | None:
     """Why a policy cannot read the header ``name`` (``what`` names it in the message), or ``None``: it is not an
     HTTP field name, or it is spelled with ``_``, which guard reads as a copy of the ``-`` name and the proxy drops."""
     if not _HEADER_TOKEN.fullmatch(name):
-        return (f"{what} is not an HTTP field name (RFC 9110: letters, digits and !#$%&'*+-.^_`|~): no request has "
-                "such a header")
+        return _header_token_error(what)
     if "_" in name:
         return (f"{what} is spelled with '_', which guard reads as a copy of {name.replace('_', '-')!r} (a WSGI "
                 f"server reads both alike) and guard proxy never forwards; write {name.replace('_', '-')!r}")

@@ -936,7 +936,9 @@ _IN_HEADERS = re.compile(rf"{_MASKED_STRING}\s*in\s*subject\s*\.\s*({'|'.join(_H
 def header_name_errors(source: str) -> list[str]:
     """Header names a ``when`` reads with upper-case letters, which no request has: ``subject.headers`` and
     ``subject.repeated_headers`` hold names lower-cased, so ``subject.headers["X-Tier"]`` fails on every request (a
-    missing key) and ``"X-Tier" in subject.headers`` never holds. Each error says the name to write."""
+    missing key) and ``"X-Tier" in subject.headers`` never holds; or spelled with ``_`` (``subject.headers.x_tier``),
+    which guard reads as a copy of the ``-`` name (a WSGI server reads both alike) and ``guard proxy`` never
+    forwards. Each error says the name to write."""
     out = []
     reads = [(path[0], path[1]) for root, path in field_reads(source) if root == "subject" and len(path) > 1]
     masked = _masked(source)
@@ -945,9 +947,13 @@ def header_name_errors(source: str) -> list[str]:
         if "\\" not in source[start:end]:  # a literal with an escape is not checked
             reads.append((found.group(2), source[start + 1 : end - 1]))
     for where, name in reads:
+        written = name.lower().replace("_", "-")
         if where in _HEADER_MAPS and name != name.lower():
             out.append(f"reads the header {name!r} of subject.{where}, whose names are lower-case: no request has "
-                       f"it; write {name.lower()!r}")
+                       f"it; write {written!r}")
+        elif where in _HEADER_MAPS and "_" in name:
+            out.append(f"reads the header {name!r} of subject.{where}, spelled with '_', which guard reads as a copy "
+                       f"of {written!r} and guard proxy never forwards; write {written!r}")
     return out
 
 

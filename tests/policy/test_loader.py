@@ -207,6 +207,10 @@ def test_a_header_name_no_request_can_have_is_a_load_error(old: str, new: str, l
          "policies[0].match.http.headers.x_tier"),
         ("        when: urgency.score >= 1.5", "        when: subject.headers['x_dry_run'] == 'true'", 17,
          "policies[0].rules[0].when"),
+        ("        when: urgency.score >= 1.5", "        when: subject.headers.x_dry_run == 'true'", 17,
+         "policies[0].rules[0].when"),
+        ("        when: urgency.score >= 1.5", "        when: \"'x_dry_run' in subject.headers\"", 17,
+         "policies[0].rules[0].when"),
     ],
 )
 def test_a_header_name_spelled_with_an_underscore_is_a_load_error(old: str, new: str, line: int, key: str) -> None:
@@ -215,6 +219,7 @@ def test_a_header_name_spelled_with_an_underscore_is_a_load_error(old: str, new:
     error = load_error(BASE.replace(old, new, 1))
     assert (error.line, error.key) == (line, key), str(error)
     assert "spelled with '_'" in error.reason and "write 'x-" in error.reason, error.reason
+    assert error.reason.count("spelled with") == 1, error.reason
 
 
 def test_a_views_read_header_names_are_made_once_as_bytes() -> None:
