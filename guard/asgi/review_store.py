@@ -41,7 +41,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from redis.client import NEVER_DECODE
-from redis.exceptions import AuthenticationError, AuthorizationError, BusyLoadingError, MaxConnectionsError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -57,9 +56,6 @@ from guard.errors import (
 )
 from guard.subject import digest_of
 from guard.verdict import Verdict
-
-#: redis-py's connection errors that are replies or refusals: the command did not run (no lost reply to look for).
-_NOT_RUN = (AuthenticationError, AuthorizationError, BusyLoadingError, MaxConnectionsError)
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -1204,9 +1200,8 @@ return {0}
             code, current, *wrong = await self._call(review_id, self._client.execute_command(
                 "EVAL", self.TRANSITION_SCRIPT, len(keys), *keys, *args, **_AS_BYTES))
         except ReviewStoreUnavailable as exc:
-            cause = exc.__cause__
-            if not isinstance(cause, (RedisConnectionError, RedisTimeoutError, OSError)) or isinstance(cause, _NOT_RUN):
-                raise  # Redis answered (an error reply, LOADING, NOAUTH) or never took the command: it did not run
+            if not isinstance(exc.__cause__, (RedisConnectionError, RedisTimeoutError, OSError)):
+                raise  # Redis answered (an error reply): the script did not run
             await self._made(review_id, need, to, texts[-1] or "", seal, changes.get("decided"), nonce)
             code, current, wrong = 3, to, []
         current = self._text(current, "replace") or ""  # a status named in a conflict only
