@@ -297,17 +297,21 @@ class Guard:
             policies = self.policies.matching(subject)
         views = views or {}
         if not self.telemetry.tracing:  # no span to start: no context manager either (part of every cache hit)
-            verdict, lookup = await self._decide_all(policies, subject, decision_id, started, cache_scope, views)
-            if self._logs_off_loop(verdict, subject):
-                return await asyncio.to_thread(self._conclude, None, policies, subject, verdict, lookup, views=views,
-                                               decision_log=self._loop_writes())  # fmt: skip
-            return self._conclude(None, policies, subject, verdict, lookup, views=views)
+            return await self._decided(None, policies, subject, decision_id, started, cache_scope, views)
         with self.telemetry.span(subject) as span:
-            verdict, lookup = await self._decide_all(policies, subject, decision_id, started, cache_scope, views)
-            if self._logs_off_loop(verdict, subject):
-                return await asyncio.to_thread(self._conclude, span, policies, subject, verdict, lookup, views=views,
-                                               decision_log=self._loop_writes())  # fmt: skip
-            return self._conclude(span, policies, subject, verdict, lookup, views=views)
+            return await self._decided(span, policies, subject, decision_id, started, cache_scope, views)
+
+    async def _decided(
+        self, span: Any, policies: Sequence[Policy], subject: Subject, decision_id: str, started: float,
+        cache_scope: str | None, views: Mapping[str, Subject],
+    ) -> Verdict:
+        """Decide (:meth:`_decide_all`) and record the decision (:meth:`_conclude`; on a worker thread where
+        :meth:`_logs_off_loop`)."""
+        verdict, lookup = await self._decide_all(policies, subject, decision_id, started, cache_scope, views)
+        if self._logs_off_loop(verdict, subject):
+            return await asyncio.to_thread(self._conclude, span, policies, subject, verdict, lookup, views=views,
+                                           decision_log=self._loop_writes())  # fmt: skip
+        return self._conclude(span, policies, subject, verdict, lookup, views=views)
 
     def _logs_off_loop(self, verdict: Verdict, subject: Subject) -> bool:
         """Whether the decision is recorded on a thread: its decision-log record copies and redacts every key and
