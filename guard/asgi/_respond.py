@@ -312,6 +312,9 @@ class ResponseJudge:
                                          field="content-type"))
         else:
             self.mode = "stream"
+            # what is sent is the judged text (masked, re-encoded): an SSE body's Content-Length no longer holds
+            self.start = {**message, "headers": [(k, v) for k, v in message.get("headers", [])
+                                                 if k.lower() != b"content-length"]}
             data_stream = AI_DATA_STREAM_HEADER in headers and not self.sse
             self.lines = media in JSON_LINES or data_stream
             self.deltas = joiner_for(media, context_chars=self.limits.stream_overlap_bytes,

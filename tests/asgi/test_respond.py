@@ -1100,3 +1100,22 @@ def test_a_key_the_ai_sdk_streams_token_by_token_is_never_sent(how: str) -> None
     guard.close()
     assert answer.status_code == 403 and answer.json()["rule"] == "keys", answer.text
     assert "efgh1234" not in answer.text
+
+
+async def _sse_with_length(request: Request) -> Response:
+    body = {"short": "data: use sk-abcdefgh12345 now\n\n",
+            "long": "data: use sk-abcdefghijklmnopqrstuvwxyz0123456789abcdefghijkl now\n\n"}[request.query_params["k"]]
+    return Response(body, media_type="text/event-stream")  # Starlette sets its Content-Length
+
+
+@pytest.mark.parametrize("kind", ["short", "long"])
+def test_sse_sent_with_a_content_length_is_masked_and_sent_without_it(kind: str) -> None:
+    """SSE is judged as a stream whatever its head says; the masked text is longer or shorter than the upstream's
+    Content-Length, which was kept: uvicorn raised (content longer, or shorter, than Content-Length) and the client
+    got a broken response."""
+    guard, app = rules_only(ESCAPES_POLICY, [Route("/out/sse", _sse_with_length)])
+    with serve_in_thread(app) as url:
+        answer = httpx.get(f"{url}/out/sse", params={"k": kind}, timeout=10)
+    guard.close()
+    assert answer.status_code == 200 and "content-length" not in answer.headers
+    assert answer.text == "data: use [REDACTED:api_key] now\n\n"
