@@ -104,6 +104,9 @@ class StreamStopped(OSError):
 #: ASGI extensions that send a response body the server reads itself (a file path, a file descriptor): a watched
 #: response's scope does not offer them (:func:`watched_scope`), and an app that sends one anyway is refused.
 _UNREADABLE_SENDS = frozenset({"http.response.pathsend", "http.response.zerocopysend"})
+#: The ASGI extension and message of response trailers (headers after the body, which no policy reads): a watched
+#: response's scope does not offer it, and trailers an app sends anyway are dropped, never passed on unjudged.
+_TRAILERS = "http.response.trailers"
 #: Request headers that ask for part of a response (RFC 9110 14.2, 13.1.5): a watched request goes on without them.
 _RANGE_HEADERS = frozenset({b"range", b"if-range"})
 #: A partial response's media type (RFC 9110 14.6): several ranges of the body, each with its own head.
@@ -112,12 +115,13 @@ _BYTERANGES = "multipart/byteranges"
 
 def watched_scope(scope: Scope) -> Scope:
     """``scope`` as the application (or the proxy's upstream) gets it for a request whose response a policy judges:
-    without the extensions whose body guard cannot read (so Starlette's ``FileResponse`` sends body messages), and
-    without ``Range`` and ``If-Range``, so the answer is the whole body (200): a range is a piece no rule sees whole
+    without the extensions whose body guard cannot read (so Starlette's ``FileResponse`` sends body messages) or whose
+    trailers no policy reads, and without ``Range`` and ``If-Range``, so the answer is the whole body (200): a range is a piece no rule sees whole
     (the ``SECRE`` and ``T-PLAN`` of two requests), and a 206 that comes anyway is refused."""
     extensions = scope.get("extensions") or {}
-    if any(name in extensions for name in _UNREADABLE_SENDS):
-        scope = {**scope, "extensions": {k: v for k, v in extensions.items() if k not in _UNREADABLE_SENDS}}
+    if any(name in extensions for name in (*_UNREADABLE_SENDS, _TRAILERS)):
+        scope = {**scope, "extensions": {k: v for k, v in extensions.items()
+                                         if k not in _UNREADABLE_SENDS and k != _TRAILERS}}
     headers = scope["headers"]
     if any(name.lower() in _RANGE_HEADERS for name, _ in headers):
         scope = {**scope, "headers": [(k, v) for k, v in headers if k.lower() not in _RANGE_HEADERS]}
@@ -255,6 +259,8 @@ class ResponseJudge:
             self.mode = "done"
             await self._refuse(BodyError(502, RESPONSE_UNINSPECTABLE, f"a {message['type']} response cannot be "
                                          "judged; send the body as http.response.body messages"))
+        elif message["type"] == _TRAILERS:  # not judged: dropped (the start sent on announces none)
+            return
         elif message["type"] != "http.response.body":
             await self.send(message)
         elif mode == "whole":
@@ -284,6 +290,8 @@ class ResponseJudge:
             self.mode = "pass"
             await self.send(message)
             return
+        if message.get("trailers"):  # trailers are dropped (no policy reads them): the server is not to wait for any
+            message = {k: v for k, v in message.items() if k != "trailers"}
         self.head, self.start = head, message
         self.sse = media == _SSE
         textual = self.sse or not media or is_textual(media)

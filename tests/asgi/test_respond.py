@@ -1119,3 +1119,42 @@ def test_sse_sent_with_a_content_length_is_masked_and_sent_without_it(kind: str)
     guard.close()
     assert answer.status_code == 200 and "content-length" not in answer.headers
     assert answer.text == "data: use [REDACTED:api_key] now\n\n"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("early", [False, True])
+async def test_trailers_of_a_watched_response_are_dropped_and_not_announced(early: bool) -> None:
+    """Trailers (``http.response.trailers``) are headers no policy reads: a watched response's scope does not offer
+    them, and an app that sends them anyway has them dropped. They were passed on unjudged while the body was held
+    (before the response's start), and the start kept ``trailers: True`` while the trailers after the body were
+    dropped, so a server that sends trailers waited for them for ever."""
+    seen: list[dict[str, Any]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        assert "http.response.trailers" not in scope["extensions"]
+        trailers = {"type": "http.response.trailers", "headers": [(b"x-plan", b"sk-abcdefgh12345")],
+                    "more_trailers": False}
+        await send({"type": "http.response.start", "status": 200, "trailers": True,
+                    "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"hello", "more_body": True})
+        if early:
+            await send(trailers)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if not early:
+            await send(trailers)
+
+    async def send(message: dict[str, Any]) -> None:
+        seen.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    guard = Guard(load_text(ESCAPES_POLICY), backends=ScriptedBackend(lambda request: {}))
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": "/out/x", "raw_path": b"/out/x", "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"x")], "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+             "extensions": {"http.response.trailers": {}}}
+    await GuardMiddleware(app, guard=guard)(scope, receive, send)
+    await guard.aclose()
+    assert [m["type"] for m in seen] == ["http.response.start", "http.response.body"]
+    assert not seen[0].get("trailers") and seen[1]["body"] == b"hello"
