@@ -70,7 +70,7 @@ from guard.asgi._target import INVALID_TARGET, canonical_scope, request_target
 from guard.asgi._upgrade import refuse_invalid_upgrade
 from guard.asgi._upstream import UpstreamBusy, UpstreamError, UpstreamPool, UpstreamResponse, UpstreamTimeout
 from guard.asgi._websocket import WebSocketRelay
-from guard.asgi.middleware import READ_HEADERS_EXTENSION, GuardMiddleware
+from guard.asgi.middleware import DECISION_ID_HEADER, READ_HEADERS_EXTENSION, GuardMiddleware
 from guard.engine import Guard
 from guard.engine.health import FailureTracker
 from guard.errors import BodyError
@@ -340,12 +340,13 @@ class ReverseProxy:
     def upgrade_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
         """The headers of a WebSocket upgrade sent on to the upstream: those of an HTTP request (:meth:`_headers`:
         the client's forwarding headers dropped unless trusted, ``X-Forwarded-*`` set), without ``Host``, which the
-        relay's own handshake sets, and without the method override headers, which no policy judged the upgrade by
-        (an upstream that honours one on any method would run it); ``X-Forwarded-Proto`` is ``http`` or ``https``
-        for ``ws`` or ``wss``."""
+        relay's own handshake sets, without the method override headers, which no policy judged the upgrade by
+        (an upstream that honours one on any method would run it), and without a client's ``X-Guard-Decision-Id``
+        (no policy judged the upgrade; on an HTTP request ``GuardMiddleware`` drops it); ``X-Forwarded-Proto`` is
+        ``http`` or ``https`` for ``ws`` or ``wss``."""
         scheme = {"ws": "http", "wss": "https"}.get(scope.get("scheme", "ws"), "http")
         return [(k, v) for k, v in self._headers({**scope, "scheme": scheme})[0]
-                if k != b"host" and k not in _OVERRIDES]
+                if k != b"host" and k != DECISION_ID_HEADER and k not in _OVERRIDES]
 
     async def aclose(self) -> None:
         """Close the idle upstream connections. Idempotent."""

@@ -91,17 +91,19 @@ async def test_the_upgrade_carries_the_proxys_forwarding_headers_not_the_clients
     make_guard: Callable[..., Guard], upstream: str
 ) -> None:
     """As for HTTP requests: the client's X-Forwarded-*, Forwarded, X-Real-IP, hop-by-hop headers and header names
-    with an underscore (WSGI reads X_Real_IP as X-Real-IP) do not reach the upstream; the proxy sets its own."""
+    with an underscore (WSGI reads X_Real_IP as X-Real-IP) do not reach the upstream; the proxy sets its own. Nor does
+    the client's X-Guard-Decision-Id, which says guard judged the request (no policy judged the upgrade): it was
+    relayed as sent."""
     spoofed = {"X-Forwarded-For": "6.6.6.6", "X-Real-IP": "6.6.6.6", "X-Forwarded-Host": "evil.example",
                "X-Forwarded-Proto": "https", "Forwarded": "for=6.6.6.6", "Proxy-Authorization": "Basic Zm9v",
-               "TE": "trailers", "X_Real_IP": "6.6.6.6", "x-user": "ann"}
+               "TE": "trailers", "X_Real_IP": "6.6.6.6", "x-user": "ann", "X-Guard-Decision-Id": "forged"}
     with serve_in_thread(proxy_app(make_guard(), ProxyConfig(upstream)), proxy_headers=False) as proxy:  # as served
         async with connect(f"{proxy.replace('http://', 'ws://')}/live/feed", additional_headers=spoofed) as ws:
             await ws.send("headers")
             got = dict(json.loads(await ws.recv()))
     assert got["x-forwarded-for"] == "6.6.6.6, 127.0.0.1" and got["x-forwarded-proto"] == "http"
     assert got["x-user"] == "ann" and got["x-forwarded-host"].startswith("127.0.0.1:")
-    for name in ("x-real-ip", "forwarded", "proxy-authorization", "te", "x_real_ip"):
+    for name in ("x-real-ip", "forwarded", "proxy-authorization", "te", "x_real_ip", "x-guard-decision-id"):
         assert name not in got
 
 
