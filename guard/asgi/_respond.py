@@ -250,7 +250,9 @@ class ResponseJudge:
     async def __call__(self, message: Message) -> None:
         mode = self.mode
         if mode == "pass":
-            await self.send(message)
+            # a judged response passed on as sent (a binary stream judged on its head) announced no trailers
+            if self.policy is None or message["type"] != _TRAILERS:
+                await self.send(message)
         elif mode == "done":  # the client has its whole answer (or its block): the rest is dropped
             return
         elif message["type"] == "http.response.start":
