@@ -171,10 +171,20 @@ class RedisApprovalClaims:
         timeout_s: float = 0.5,
     ) -> RedisApprovalClaims:
         """Claims with a sync and an async client for ``url`` (``redis://:PASSWORD@host``, ``rediss://`` for TLS);
-        socket connect/read timeouts of ``timeout_s`` seconds."""
+        socket connect/read timeouts of ``timeout_s`` seconds.
+
+        Raises:
+            ValueError: ``url`` is not one redis-py can connect with, checked as the cache's
+                (:func:`~guard.engine.cache.redis_options`: a password with a ``/``, ``?`` or ``#`` not
+                percent-encoded, a database path that is not a number); the message names the URL without its
+                credentials.
+        """
         import redis
         import redis.asyncio as aioredis
 
+        from guard.engine.cache import redis_options
+
+        redis_options(url, timeout_s, role="approval claim store")  # checked only: refuses what redis-py misreads
         options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
         return cls(
             redis.Redis.from_url(url, **options),

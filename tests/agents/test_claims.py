@@ -327,3 +327,16 @@ def test_redis_claims_need_a_store_key(monkeypatch: pytest.MonkeyPatch) -> None:
         RedisApprovalClaims(redis.Redis())
     with pytest.raises(ValueError, match="client="):
         RedisApprovalClaims(store_key=KEY)
+
+
+@pytest.mark.parametrize("url", ["redis://:top/secret@127.0.0.1:6379/0", "redis://:top?secret@127.0.0.1:6379/0",
+                                 "redis://:top#secret@127.0.0.1:6379/0"])
+def test_redis_claims_url_error_does_not_show_the_password(url: str) -> None:
+    with pytest.raises(ValueError, match="approval claim store URL") as raised:
+        RedisApprovalClaims.from_url(url, store_key=KEY)
+    assert "top" not in str(raised.value) and "secret" not in str(raised.value)
+
+
+def test_redis_claims_url_with_a_database_that_is_not_a_number_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a number"):
+        RedisApprovalClaims.from_url("redis://127.0.0.1:6379/nine", store_key=KEY)
