@@ -57,7 +57,7 @@ import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
@@ -172,6 +172,13 @@ class CacheConfig:
     max_entries: int = DEFAULT_MAX_ENTRIES
     local_ttl: float = DEFAULT_LOCAL_TTL_S
     store_key: bytes | str | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        """Every field but ``store_key``, the URL as :func:`~guard._urls.shown_url` shows it (no password)."""
+        shown = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+        if self.url is not None:
+            shown["url"] = shown_url(self.url)
+        return f"CacheConfig({', '.join(f'{name}={value!r}' for name, value in shown.items())})"
 
     def __post_init__(self) -> None:
         for name in ("op_timeout", "poll_interval"):

@@ -868,6 +868,14 @@ def test_redis_cache_requires_a_store_key(monkeypatch: pytest.MonkeyPatch) -> No
     RedisCache(CacheConfig(url="redis://127.0.0.1:1", store_key="a-store-key-0123456789"))
 
 
+def test_cache_config_repr_shows_no_redis_password() -> None:
+    """The repr (a traceback's locals, an error tracker's event) named the URL with its password."""
+    shown = repr(CacheConfig(url="redis://app:hunter2-pw@redis:6379/0?client_name=x", store_key="a-store-key-0123456789"))
+    assert "hunter2" not in shown and "a-store-key" not in shown
+    assert "url='redis://redis:6379/0'" in shown and "prefix='guard:'" in shown
+    assert "hunter2" not in repr(CacheConfig(url="redis://:hunter2/pw@redis:6379/0"))
+
+
 def test_a_short_store_key_names_where_it_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
     """A short $GUARD_STORE_KEY said "the store key has 3 bytes", not naming the variable to fix."""
     monkeypatch.setenv("GUARD_STORE_KEY", "abc")
