@@ -63,7 +63,7 @@ from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection, parse_url
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from guard._seal import Sealer
 from guard._urls import password_unclear, shown_url
@@ -201,8 +201,8 @@ class CacheHealth:
     ``CacheConfig.degraded_window``), else ``"ok"``; ``code`` (the health check's) says which, the first recent of:
     ``internal_error`` (guard's own code raised while using the store: a bug, logged at ERROR), ``forged_values``
     (a value, lock, failure marker or epoch read fails its seal: written without the store key, or by replicas
-    sealing with another), ``corrupt_values`` (a sealed value cannot be read), ``degraded`` (Redis failed or refused
-    an operation: lookups are misses); else ``ok``.
+    sealing with another), ``corrupt_values`` (a sealed value cannot be read, or a value's key holds another type),
+    ``degraded`` (Redis failed or refused an operation: lookups are misses); else ``ok``.
 
     ``errors`` counts the store's failures and ``internal_errors`` guard's own; ``last_error`` is the latest of
     either (``"TypeName: message"``) and ``last_error_kind`` says which (``"store"`` or ``"internal"``)."""
@@ -816,13 +816,15 @@ return 0
     async def _load(self, key: str, request: SystemOneRequestV1, ttl: float) -> CachedAnswers | _Failed | None:
         name = self._key("a", key)
         if self.config.local_ttl <= 0:  # no copy is served from process: the value alone
-            raw, left = await self._op(lambda r: r.get(name)), ttl
+            raw, left = await self._op(functools.partial(_get_value, name=name)), ttl
         else:  # and what it has left in Redis, which bounds the copy (another replica may have written it long ago)
             got = await self._op(functools.partial(_get_with_pttl, name=name))
             raw, left_ms = (_FAILED, -2) if got is _FAILED else got
             left = _time_left(ttl, left_ms)
         if raw is None or raw is _FAILED:
             return raw
+        if raw is _WRONG_TYPE:  # counted as corrupt (not as the store failing) and overwritten by the answers
+            raise MalformedAnswer("its key holds another type than a string (written outside guard)")
         return self._decode(key, raw, request, left)
 
     async def _store(self, key: str, value: dict[str, Any], decoded: SystemOneResponseV1, ttl: float) -> None:
@@ -1085,12 +1087,41 @@ def _scope_key(scope: str) -> str:
     return hashlib.sha256(scope.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+class _WrongType:
+    """Sentinel: a value's key holds another type than the string the cache writes there (Redis's WRONGTYPE reply)."""
+
+
+_WRONG_TYPE = _WrongType()
+
+
+def _wrong_type(exc: BaseException) -> bool:
+    return isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE")
+
+
+async def _get_value(client: aioredis.Redis, *, name: str) -> Any:
+    """``GET name``; :data:`_WRONG_TYPE` when the key holds another type (written outside guard): Redis answered, so
+    it is an unreadable value to overwrite, not a failure of the store."""
+    try:
+        return await client.get(name)
+    except ResponseError as exc:
+        if _wrong_type(exc):
+            return _WRONG_TYPE
+        raise
+
+
 async def _get_with_pttl(client: aioredis.Redis, *, name: str) -> list[Any]:
-    """``[GET name, PTTL name]`` in one round trip (PTTL: milliseconds left, -1 without expiry, -2 when absent)."""
+    """``[GET name, PTTL name]`` in one round trip (PTTL: milliseconds left, -1 without expiry, -2 when absent); the
+    GET :data:`_WRONG_TYPE` when the key holds another type, as :func:`_get_value`."""
     pipe = client.pipeline(transaction=False)
     pipe.get(name)
     pipe.pttl(name)
-    return await pipe.execute()
+    raw, left_ms = await pipe.execute(raise_on_error=False)
+    if isinstance(raw, Exception) and _wrong_type(raw):
+        raw = _WRONG_TYPE
+    failed = next((result for result in (raw, left_ms) if isinstance(result, Exception)), None)
+    if failed is not None:
+        raise failed
+    return [raw, left_ms]
 
 
 def _time_left(ttl: float, left_ms: Any) -> float:

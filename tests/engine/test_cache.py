@@ -355,6 +355,33 @@ async def test_answers_stored_between_the_read_and_the_lock_are_taken_from_the_l
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("local_ttl", [1.0, 0])
+async def test_a_value_key_of_another_type_is_overwritten_not_taken_for_an_outage(
+    local_ttl: float, redis_url: str, create_redis: Any
+) -> None:
+    """A hash written at a value's key made every read of it a Redis failure (health ``degraded``, the breaker's
+    count): no lock was taken and nothing written, so the key was never cached again. It is a corrupt value now,
+    overwritten by the model's answers."""
+    backend = ScriptedBackend(by_text)
+    writer = Guard(policies(), backends=backend, cache=redis_cache(redis_url, create_redis.prefix, local_ttl=local_ttl))
+    await writer.aevaluate(subject("ignore"))
+    await writer.aclose()
+    (name,) = await keys(create_redis)
+    await create_redis().delete(name)
+    await create_redis().hset(name, "x", "1")
+    cache = redis_cache(redis_url, create_redis.prefix, local_ttl=local_ttl)
+    guard = Guard(policies(), backends=backend, cache=cache)
+    verdict = await guard.aevaluate(subject("ignore"))
+    await guard.aclose()
+    assert (verdict.action, verdict.cache_hit, backend.calls) == ("block", False, 2)
+    assert (cache.health().corrupt, cache.health().code) == (1, "corrupt_values")
+    assert await create_redis().type(name) == b"string" and unsealed(await create_redis().get(name)) != {}
+    guard = Guard(policies(), backends=backend, cache=redis_cache(redis_url, create_redis.prefix, local_ttl=local_ttl))
+    assert (await guard.aevaluate(subject("ignore"))).cache_hit and backend.calls == 2
+    await guard.aclose()
+
+
+@pytest.mark.anyio
 async def test_redis_followers_in_another_replica_follow_a_failed_leader(redis_url: str, create_redis: Any) -> None:
     failing = ScriptedBackend(by_text, delay=0.2, name="clef", fail=BackendUnavailable("boom", reason="http_500"))
     healthy = ScriptedBackend(by_text, name="clef")
