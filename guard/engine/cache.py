@@ -717,9 +717,10 @@ end
 return 0
 """
 
-    # KEYS[1] = key; ARGV[1] = the value read from it; ARGV[2] = its replacement. Sets it only if still unchanged.
+    # KEYS[1] = key; ARGV[1] = the value read from it; ARGV[2] = its replacement. Sets it only if still unchanged, or
+    # when the key holds no string (another type, written outside guard; or none, deleted since).
     REPLACE_SCRIPT = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
+if redis.call('type', KEYS[1]).ok ~= 'string' or redis.call('get', KEYS[1]) == ARGV[1] then
     return redis.call('set', KEYS[1], ARGV[2])
 end
 return 0
@@ -932,10 +933,10 @@ return 0
 
     async def shared_epoch(self, scope: str) -> int | None:
         key = _scope_key(scope)
-        raw = await self._op(lambda r: r.get(self._key("e", key)))
+        raw = await self._op(functools.partial(_get_value, name=self._key("e", key)))
         if raw is None or raw is _FAILED:
             return None
-        data = self._opened("e", key, raw)
+        data = self._opened("e", key, raw) if isinstance(raw, bytes) else None  # not bytes: a key of another type
         if data is None or not data.isdigit():
             self._bad("forged", "canary epoch of %r fails its integrity check (forged or edited in the store); "
                       "ignoring it", scope.partition("\n")[0])
@@ -950,9 +951,10 @@ return 0
             return
         if await self._op(lambda r: r.set(name, blob, nx=True)) is not None:  # published, or no store to ask
             return
-        held = await self._op(lambda r: r.get(name))
-        if isinstance(held, bytes) and self._opened("e", key, held) is None:  # not an epoch: replaced, unless a
-            await self._op(lambda r: r.eval(self.REPLACE_SCRIPT, 1, name, held, blob))  # replica's came meanwhile
+        held = await self._op(functools.partial(_get_value, name=name))
+        if held is _WRONG_TYPE or isinstance(held, bytes) and self._opened("e", key, held) is None:  # not an epoch:
+            read = held if isinstance(held, bytes) else b""  # replaced, unless a replica's came meanwhile
+            await self._op(lambda r: r.eval(self.REPLACE_SCRIPT, 1, name, read, blob))
 
     def _sealed(self, kind: str, key: str, data: bytes) -> bytes:
         """``data`` as stored under the ``kind`` key of ``key``: its seal (hex), a newline, the data."""

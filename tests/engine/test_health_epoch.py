@@ -196,19 +196,22 @@ async def test_answers_a_model_gave_before_its_first_canary_run_are_not_read_aft
     await guard.aclose()
 
 
-@pytest.mark.parametrize("how", ["deleted", "forged"])
+@pytest.mark.parametrize("how", ["deleted", "forged", "another type"])
 async def test_a_replica_started_after_the_epoch_is_lost_does_not_read_answers_cached_before_a_recovery(
     redis_url: str, create_redis: Any, how: str
 ) -> None:
     """The recovery epoch A published is deleted from Redis (someone with access to it; ``allkeys-lru`` eviction) or
-    replaced by a value without the store key's seal. Replica C, started then, used to stay at epoch 0 and read the
+    replaced by a value without the store key's seal, or by a key of another type. Replica C, started then, used to stay at epoch 0 and read the
     broken model's cached "no" (an allow of the attack): it must take a fresh epoch, miss, and ask its model."""
     a = await broken_answer_cached_then_recovered(redis_url, create_redis)
     (key,) = await epoch_keys(create_redis)
     if how == "deleted":
         await create_redis().delete(key)
-    else:
+    elif how == "forged":
         await create_redis().set(key, b"not sealed\n999999999999999")
+    else:  # a hash: Redis refuses GET on it, and SET NX does not take its place
+        await create_redis().delete(key)
+        await create_redis().hset(key, "epoch", "1")
     await asyncio.sleep(0.01)  # a later millisecond than A's epoch
     c = Replica(redis_url, create_redis.prefix)
     await c.monitor.check()
