@@ -1143,7 +1143,9 @@ async def test_an_answer_from_another_revision_than_the_key_names_is_not_stored(
 @pytest.mark.anyio
 async def test_replicas_reporting_confidence_differently_never_share_answers(redis_url: str, create_redis: Any) -> None:
     """Two replicas on one Redis whose compact backends differ only in the confidence profile: each decides on
-    its own profile's confidence, whichever answered first (the profile is in the backend's model revision)."""
+    its own profile's confidence, whichever answered first (the profile is in the backend's model revision). Each
+    backend is warmed up first, as a deployment does: a cold first call (loading the models) can pass the policy's
+    2 s timeout on a busy machine and be decided by ``on_error`` with no answers."""
     from guard.backends.compact import CompactBackend
     from guard.systemone import confidence
 
@@ -1160,8 +1162,9 @@ policies:
     body = {"request": "How do I bake bread?", "response": "Mix flour, water, yeast and salt; knead, proof, bake."}
     seen = {}
     for profile in ("reference", "jev"):
-        guard = Guard(policy, backends=CompactBackend(confidence_profile=profile),
-                      cache=redis_cache(redis_url, create_redis.prefix, local_ttl=0))
+        backend = CompactBackend(confidence_profile=profile)
+        await backend.start()
+        guard = Guard(policy, backends=backend, cache=redis_cache(redis_url, create_redis.prefix, local_ttl=0))
         verdict = await guard.aevaluate(HttpSubject(method="POST", path="/x", body=body))
         answer = verdict.answers["severity"]
         seen[profile] = verdict.cache_hit
