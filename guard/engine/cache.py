@@ -871,12 +871,12 @@ return 0
         acquired, holder, raw, *left_ms = got
         if not acquired:
             return None, holder, None
-        if isinstance(raw, Exception):  # Redis refused the read alone (a key of another type): the lock is ours
+        if isinstance(raw, Exception) and not _wrong_type(raw):  # Redis refused the read alone: the lock is ours
             log = logger.debug if self._record_error(raw) else logger.warning  # once per period, as _op logs
             log("redis cache could not read %s again (%s); calling the model", key[:16], self._stats.last_error)
             return token, None, None
-        if raw is None:
-            return token, None, None
+        if raw is None or isinstance(raw, Exception):  # none, or a key of another type: overwritten by our answers
+            return token, None, None  # (an unreadable value is counted by the reads that answer, as below)
         try:
             stored = self._decode(key, raw, request, _time_left(ttl, left_ms[0]) if left_ms else ttl)
         except MalformedAnswer:  # unreadable or forged: overwritten by our answers; counted by the reads that answer
