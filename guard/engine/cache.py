@@ -201,8 +201,9 @@ class CacheHealth:
     ``CacheConfig.degraded_window``), else ``"ok"``; ``code`` (the health check's) says which, the first recent of:
     ``internal_error`` (guard's own code raised while using the store: a bug, logged at ERROR), ``forged_values``
     (a value, lock, failure marker or epoch read fails its seal: written without the store key, or by replicas
-    sealing with another), ``corrupt_values`` (a sealed value cannot be read, or a value's key holds another type),
-    ``degraded`` (Redis failed or refused an operation: lookups are misses); else ``ok``.
+    sealing with another; or a lock's or epoch's key holds another type), ``corrupt_values`` (a sealed value cannot
+    be read, or a value's key holds another type), ``degraded`` (Redis failed or refused an operation: lookups are
+    misses); else ``ok``.
 
     ``errors`` counts the store's failures and ``internal_errors`` guard's own; ``last_error`` is the latest of
     either (``"TypeName: message"``) and ``last_error_kind`` says which (``"store"`` or ``"internal"``)."""
@@ -860,6 +861,8 @@ return 0
             if with_pttl:
                 pipe.pttl(value)
             results = await pipe.execute(raise_on_error=False)
+            if isinstance(results[1], Exception) and _wrong_type(results[1]):
+                results[1] = _WRONG_TYPE  # the lock's key holds another type: no replica's lock
             failed = next((result for result in results[:2] if isinstance(result, Exception)), None)
             if failed is not None:
                 raise failed  # no lock to tell of: the operation failed
@@ -869,6 +872,10 @@ return 0
         if got is _FAILED:
             return "", None, None  # no lock without Redis; in-process single-flight still holds
         acquired, holder, raw, *left_ms = got
+        if holder is _WRONG_TYPE:  # planted (written outside guard): no replica leads, none can take it
+            self._bad("forged", "single-flight lock for %s holds another type than a string (written outside guard); "
+                      "calling the model without it", key[:16])
+            return "", None, None
         if not acquired:
             return None, holder, None
         if isinstance(raw, Exception) and not _wrong_type(raw):  # Redis refused the read alone: the lock is ours

@@ -384,6 +384,28 @@ async def test_a_value_key_of_another_type_is_overwritten_not_taken_for_an_outag
 
 
 @pytest.mark.anyio
+async def test_a_lock_key_of_another_type_is_not_taken_for_an_outage(redis_url: str, create_redis: Any) -> None:
+    """A hash written at a state's lock key made each of its misses a Redis failure (health ``degraded``, the
+    breaker's count). It is a planted lock now, counted as forged: the miss calls the model without the lock."""
+    backend = ScriptedBackend(by_text)
+    writer = Guard(policies(), backends=backend, cache=redis_cache(redis_url, create_redis.prefix))
+    await writer.aevaluate(subject("ignore"))
+    await writer.aclose()
+    (name,) = await keys(create_redis)
+    lock = f"{create_redis.prefix}l:".encode() + name[len(create_redis.prefix) + 2 :]
+    await create_redis().delete(name)
+    await create_redis().hset(lock, "x", "1")
+    cache = redis_cache(redis_url, create_redis.prefix)
+    guard = Guard(policies(), backends=backend, cache=cache)
+    verdict = await guard.aevaluate(subject("ignore"))
+    await guard.aclose()
+    assert (verdict.action, verdict.cache_hit, backend.calls) == ("block", False, 2)
+    health = cache.health()
+    assert (health.forged, health.errors, health.stores, health.code) == (1, 0, 1, "forged_values")
+    assert await create_redis().exists(name)
+
+
+@pytest.mark.anyio
 async def test_redis_followers_in_another_replica_follow_a_failed_leader(redis_url: str, create_redis: Any) -> None:
     failing = ScriptedBackend(by_text, delay=0.2, name="clef", fail=BackendUnavailable("boom", reason="http_500"))
     healthy = ScriptedBackend(by_text, name="clef")
