@@ -233,8 +233,8 @@ class HealthMonitor:
 
         A process still at epoch 0 that finds none published (the first replica on an empty store; or the key was
         deleted by someone with access to Redis, or evicted under ``allkeys-lru``, or holds a value without the
-        store key's seal or another type than a string) publishes a fresh one, only if none is there (of replicas starting together, one does),
-        and takes what it then reads: the wall-clock time in milliseconds, higher than every epoch published before
+        store key's seal or another type than a string) publishes a fresh one, only if none is there (of replicas
+        starting together, one does), and takes what it then reads: the wall-clock time in milliseconds, higher than every epoch published before
         (a recovery adds 1) and than the 0 of every answer cached before, so an epoch lost from the store does not
         bring back the answers cached under it. A sealed epoch copied earlier and put back is genuine: a process
         started after it takes it, and a process holding a newer one republishes that at its next canary run."""

@@ -201,8 +201,9 @@ async def test_a_replica_started_after_the_epoch_is_lost_does_not_read_answers_c
     redis_url: str, create_redis: Any, how: str
 ) -> None:
     """The recovery epoch A published is deleted from Redis (someone with access to it; ``allkeys-lru`` eviction) or
-    replaced by a value without the store key's seal, or by a key of another type. Replica C, started then, used to stay at epoch 0 and read the
-    broken model's cached "no" (an allow of the attack): it must take a fresh epoch, miss, and ask its model."""
+    replaced by a value without the store key's seal, or by a key of another type. Replica C, started then, used to
+    stay at epoch 0 and read the broken model's cached "no" (an allow of the attack): it must take a fresh epoch,
+    miss, and ask its model."""
     a = await broken_answer_cached_then_recovered(redis_url, create_redis)
     (key,) = await epoch_keys(create_redis)
     if how == "deleted":
