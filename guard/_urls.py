@@ -36,6 +36,8 @@ def is_path_control(code: int) -> bool:
 #: A URL's host and port as a URL parser reads them (after the userinfo's last ``@``): a name or an IP literal in
 #: brackets, then a port of digits, if any.
 _HOST_PORT = re.compile(r"(\[[^\]]*\]|[^:\[\]]*)(:[0-9]*)?")
+#: A URL's scheme (RFC 3986): a letter, then letters, digits, ``+``, ``-`` and ``.``.
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 #: An ``@`` a path holds as its own: one that starts a path segment (Workers AI's ``/@cf/``, an npm scope's ``/@org/``).
 _PATH_AT = re.compile(r"/@")
 
@@ -84,8 +86,11 @@ def shown_url(url: str) -> str:
     """``url`` without userinfo (``user:password@``), query and fragment, which can hold credentials;
     ``scheme://[hidden]`` when a password in it may hold a ``/``, ``?`` or ``#`` not percent-encoded
     (:func:`password_unclear`: a URL parser would read part of it as host, path, query or fragment, so no part of the
-    URL is shown); ``[unparsable URL]`` when :func:`urllib.parse.urlsplit` refuses what is left."""
+    URL is shown); ``[hidden]`` when it has an ``@`` but no ``scheme://`` (``user:password@host``: no userinfo to
+    drop); ``[unparsable URL]`` when :func:`urllib.parse.urlsplit` refuses what is left."""
     parts = _split(url)
+    if (parts is None or not _SCHEME.fullmatch(parts[0])) and "@" in url:
+        return "[hidden]"
     if parts is not None:
         scheme, authority, path, _, _ = parts
         if password_unclear(url):

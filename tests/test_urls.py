@@ -24,6 +24,12 @@ from guard.engine.cache import redis_options
     ("https://api.cloudflare.com/client/v4/accounts/a/ai/run/@cf/cloudflare/m",
      "https://api.cloudflare.com/client/v4/accounts/a/ai/run/@cf/cloudflare/m"),
     ("https://llm.internal:8443/v1?api_key=hunter2@x", "https://llm.internal:8443/v1"),
+    # no scheme before '://' (left out or mistyped): no userinfo to drop, so nothing is shown when it has an '@'
+    ("app:hunter2@redis:6379/0", "[hidden]"),
+    ("//app:hunter2@redis:6379/0", "[hidden]"),
+    ("redis:/app:hunter2@redis:6379/0", "[hidden]"),
+    ("app:hunter2@redis://x/0", "[hidden]"),
+    ("llm.internal:8443/v1", "llm.internal:8443/v1"),
 ])  # fmt: skip
 def test_shown_url_has_no_credentials(url: str, shown: str) -> None:
     assert shown_url(url) == shown
