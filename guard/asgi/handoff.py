@@ -326,15 +326,17 @@ class HandoffClient:
     def _status_error(self, target: HandoffTarget, response: httpx.Response, body: bytes) -> HandoffError:
         """The error for a status that is not 2xx: the first bytes of its body quoted (``repr``: no control
         character starts a line in a log), the target's own key removed if the target echoes it."""
-        detail = body[:_ERROR_BYTES].decode("utf-8", "replace")
-        key = self._key(target)
-        if key:
-            detail = detail.replace(key, "[redacted]")
+        detail = self._keyless(target, body[:_ERROR_BYTES].decode("utf-8", "replace"))
         return HandoffError(
             f"handoff target {target.name!r} answered HTTP {response.status_code}: {detail!r}",
             target=target.name,
             reason=f"http_{response.status_code}",
         )
+
+    def _keyless(self, target: HandoffTarget, text: str) -> str:
+        """``text`` with the target's own key replaced by ``[redacted]`` (a target may echo it)."""
+        key = self._key(target)
+        return text.replace(key, "[redacted]") if key else text
 
     def _key(self, target: HandoffTarget) -> str | None:
         """The API key sent to ``target``: from ``api_keys=``, else its ``api_key_env`` variable."""
@@ -433,12 +435,17 @@ class HandoffClient:
                     return
                 try:
                     event = loads(data)
-                    delta = (event.get("choices") or [{}])[0].get("delta") or {}
+                    if not isinstance(event, dict) or not isinstance(event.get("choices"), list):
+                        # an error event (OpenAI's ``{"error": ...}`` mid-stream) or any other object is no chunk:
+                        # relayed, it would show the client the target's error text
+                        raise TypeError("the event has no choices list")
+                    delta = (event["choices"] or [{}])[0].get("delta") or {}
                     text = delta.get("content") or ""
                     if not isinstance(text, str):
                         raise TypeError("delta.content is not a string")
                 except (ValueError, AttributeError, IndexError, KeyError, TypeError) as exc:
-                    raise self._malformed(target, f"an event is not a chat.completion.chunk: {data[:80]!r}") from exc
+                    shown = self._keyless(target, data)[:80]
+                    raise self._malformed(target, f"an event is not a chat.completion.chunk: {shown!r}") from exc
                 yield HandoffChunk(text=text, data=event)
                 if text:  # only content counts as the stream answering (not empty or role events)
                     deadline = loop.time() + target.timeout

@@ -84,7 +84,8 @@ class OpenAIStandIn:
     ``slow`` (sleeps 1.5 s), ``slow-head`` (6 s), ``malformed`` (200 with a non-JSON body), ``deep`` (JSON nested
     100,000 deep), ``huge`` (a 5 MiB answer), ``drip`` (an answer one byte every 0.3 s), ``keepalive`` (a stream of
     SSE comments only), ``trickle`` (a content event every 0.3 s for 12 s), ``broken-stream``
-    (streams one chunk, then a non-JSON event), ``gated`` (when streaming, waits after the first chunk until
+    (streams one chunk, then a non-JSON event), ``error-event`` (streams one chunk, then
+    an ``{"error": ...}`` event naming a key and a host), ``gated`` (when streaming, waits after the first chunk until
     :attr:`gate` is set, so a test can prove the chunk reached it before the rest was generated). Every request
     body is kept in :attr:`calls`.
     """
@@ -200,6 +201,11 @@ class OpenAIStandIn:
             yield event({"content": word if i == 0 else " " + word})
             if i == 0 and model == "broken-stream":
                 yield "data: {not json\n\n"
+                return
+            if i == 0 and model == "error-event":  # OpenAI's mid-stream error, naming the key and an internal host
+                error = {"message": "Incorrect API key provided: sk-handoff-secret-0123456789 at 10.0.0.5",
+                         "type": "invalid_request_error", "code": "invalid_api_key"}
+                yield f"data: {json.dumps({'error': error})}\n\n"
                 return
             if i == 0 and model == "gated":
                 deadline = time.monotonic() + 5

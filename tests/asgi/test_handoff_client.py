@@ -241,6 +241,25 @@ async def test_unreachable_broken_stream_and_unknown_target(standin: tuple[OpenA
     await client.aclose()
 
 
+async def test_an_error_event_in_a_stream_is_no_chunk(
+    standin: tuple[OpenAIStandIn, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``{"error": ...}`` event mid-stream was yielded as a chunk, so the client got the target's error text
+    (the key it was sent, an internal host) relayed as one of the answer's events."""
+    _, url = standin
+    monkeypatch.setenv("HANDOFF_TEST_KEY", "sk-handoff-secret-0123456789")
+    client = HandoffClient()
+    seen = []
+    with pytest.raises(HandoffError) as info:
+        async for chunk in client.astream(_target(url, model="error-event", api_key_env="HANDOFF_TEST_KEY"),
+                                          [{"role": "user", "content": "a b"}]):
+            seen.append(chunk.data)
+    await client.aclose()
+    assert info.value.reason == "malformed" and "sk-handoff-secret" not in str(info.value)
+    assert all("error" not in data for data in seen) and [d["choices"][0]["delta"] for d in seen] == [
+        {"role": "assistant"}, {"content": "Stand-in"}]
+
+
 @pytest.mark.parametrize("header", [b"Content-Type", b"Content-Encoding"])
 async def test_a_hostile_media_type_or_coding_is_quoted_and_cut_in_the_error(header: bytes) -> None:
     """The error is logged at WARNING whole: a Content-Type of terminal escapes and 8 KB was written raw."""
