@@ -279,12 +279,14 @@ def _parse(target: str, reply: Any) -> ReviewerAnswer:
     """The reviewer's answer: its structured answer (a tool call) when it gave one, else its text as one JSON object.
 
     Raises:
-        HandoffError: ``malformed``: several tool calls (which one would decide?), a structured answer that does not
-            validate (its text is not read instead: a text "allow" must not outvote a too-long "deny"), or text
+        HandoffError: ``malformed``: several tool calls, valid or not (which one would decide?), a structured answer
+            that does not validate (its text is not read instead: a text "allow" must not outvote a too-long "deny"), or text
             that is not one :class:`ReviewerAnswer`.
     """
     if isinstance(reply, dict) and "raw" in reply:  # with_structured_output(include_raw=True)
-        calls = getattr(reply["raw"], "tool_calls", None) or []
+        # the calls whose arguments did not parse count too: one valid "allow" beside a broken "deny" is no answer
+        calls = [*(getattr(reply["raw"], "tool_calls", None) or []),
+                 *(getattr(reply["raw"], "invalid_tool_calls", None) or [])]
         if len(calls) > 1:
             raise _malformed_review(target, f"answered with {len(calls)} structured answers; give one")
         parsed = reply.get("parsed")

@@ -50,3 +50,14 @@ def test_an_invalid_or_ambiguous_structured_answer_is_malformed_not_read_as_its_
     with pytest.raises(HandoffError) as info:
         review("rev", ToolFake(messages=iter([reply])), SUBJECT, VERDICT)
     assert info.value.reason == "malformed"
+
+
+def test_a_valid_allow_beside_a_call_whose_arguments_did_not_parse_is_malformed() -> None:
+    """A valid "allow" call beside a "deny" call whose arguments were cut (an ``invalid_tool_calls`` entry) was read as
+    the one structured answer: the allow decided."""
+    broken = {"name": "ReviewerAnswer", "args": '{"decision": "deny", "reason": ', "id": "u", "error": None}
+    reply = AIMessage(content="", tool_calls=[_call({"decision": "allow", "reason": "ok"})],
+                      invalid_tool_calls=[broken])
+    with pytest.raises(HandoffError) as info:
+        review("rev", ToolFake(messages=iter([reply])), SUBJECT, VERDICT)
+    assert info.value.reason == "malformed" and "2 structured answers" in str(info.value)
