@@ -275,12 +275,30 @@ def _problem(exc: Any) -> str:
     return type(exc).__name__
 
 
+def _check_sent_arguments(target: str, message: Any) -> None:
+    """Read the arguments of an OpenAI-style tool call as the model sent them (``additional_kwargs``) strictly: the
+    integration parsed them keeping the last of a repeated key, so ``{"decision": "deny", "decision": "allow"}`` was
+    an allow, where the same text answer is malformed.
+
+    Raises:
+        HandoffError: ``malformed``: the arguments repeat a key or break another rule of :func:`guard._json.loads`.
+    """
+    sent = (getattr(message, "additional_kwargs", None) or {}).get("tool_calls")
+    for call in sent if isinstance(sent, list) else ():
+        arguments = (call.get("function") or {}).get("arguments") if isinstance(call, dict) else None
+        if isinstance(arguments, str):
+            try:
+                strict_loads(arguments)
+            except InvalidJson as exc:
+                raise _malformed_review(target, f"gave a structured answer that is not valid: {_problem(exc)}") from exc
+
+
 def _parse(target: str, reply: Any) -> ReviewerAnswer:
     """The reviewer's answer: its structured answer (a tool call) when it gave one, else its text as one JSON object.
 
     Raises:
         HandoffError: ``malformed``: several tool calls, valid or not (which one would decide?), a structured answer
-            that does not validate (its text is not read instead: a text "allow" must not outvote a too-long "deny"), or text
+            that does not validate or whose arguments as sent repeat a key (its text is not read instead: a text "allow" must not outvote a too-long "deny"), or text
             that is not one :class:`ReviewerAnswer`.
     """
     if isinstance(reply, dict) and "raw" in reply:  # with_structured_output(include_raw=True)
@@ -291,6 +309,7 @@ def _parse(target: str, reply: Any) -> ReviewerAnswer:
             raise _malformed_review(target, f"answered with {len(calls)} structured answers; give one")
         parsed = reply.get("parsed")
         if isinstance(parsed, ReviewerAnswer):
+            _check_sent_arguments(target, reply["raw"])
             return parsed
         if calls:
             raise _malformed_review(target, f"gave a structured answer that is not valid: "

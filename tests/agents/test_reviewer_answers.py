@@ -61,3 +61,15 @@ def test_a_valid_allow_beside_a_call_whose_arguments_did_not_parse_is_malformed(
     with pytest.raises(HandoffError) as info:
         review("rev", ToolFake(messages=iter([reply])), SUBJECT, VERDICT)
     assert info.value.reason == "malformed" and "2 structured answers" in str(info.value)
+
+
+def test_a_structured_answer_sent_with_a_repeated_key_is_malformed() -> None:
+    """An OpenAI-style call whose arguments were sent as ``{"decision": "deny", "decision": "allow"}`` was parsed by the
+    integration keeping the last key, an allow; the same text answer is malformed."""
+    sent = '{"decision": "deny", "decision": "allow", "reason": "r"}'
+    reply = AIMessage(content="", additional_kwargs={"tool_calls": [
+        {"id": "t", "type": "function", "function": {"name": "ReviewerAnswer", "arguments": sent}}]})
+    assert reply.tool_calls[0]["args"]["decision"] == "allow"  # what the integration made of it
+    with pytest.raises(HandoffError) as info:
+        review("rev", ToolFake(messages=iter([reply])), SUBJECT, VERDICT)
+    assert info.value.reason == "malformed" and "duplicate_key" in str(info.value)
