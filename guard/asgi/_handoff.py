@@ -13,7 +13,7 @@ import json
 import logging
 from typing import Any
 
-from starlette.types import Send
+from starlette.types import Receive, Send
 
 from guard.asgi._responses import HANDOFF_FAILED, HeaderList, send_json
 from guard.asgi.handoff import HandoffClient, HandoffTarget
@@ -62,11 +62,42 @@ async def _failed(send: Send, exc: HandoffError, verdict: Verdict, headers: Head
     }, headers)
 
 
+async def _until_disconnect(receive: Receive) -> None:
+    """Read ``receive`` (the request body already read) until ``http.disconnect``."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 async def respond_with_handoff(
-    client: HandoffClient, policy: Policy, verdict: Verdict, subject: HttpSubject, send: Send, headers: HeaderList
+    client: HandoffClient, policy: Policy, verdict: Verdict, subject: HttpSubject, send: Send, headers: HeaderList,
+    receive: Receive | None = None,
 ) -> str:
     """Answer the request with the LLM target's answer. Returns the outcome for the counters: ``answered``,
-    ``streamed``, ``failed`` or ``client_gone``."""
+    ``streamed``, ``failed`` or ``client_gone``.
+
+    With ``receive`` (called only after the whole body was read), the call to the target is cancelled, and its
+    connection closed, when the client leaves (``http.disconnect``): uvicorn's ``send`` returns quietly once the client
+    has gone, so the answer would otherwise be read to its end (a stream for up to ``stream_timeout``) for nobody.
+    """
+    answering = asyncio.ensure_future(_answer(client, policy, verdict, subject, send, headers))
+    if receive is None:
+        return await answering
+    watching = asyncio.ensure_future(_until_disconnect(receive))
+    try:
+        await asyncio.wait((answering, watching), return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when this request is cancelled: the call to the target goes down with it
+        answering.cancel()
+        watching.cancel()
+        await asyncio.gather(answering, watching, return_exceptions=True)
+    if answering.cancelled():
+        watching.result()  # an error of receive() itself
+        return "client_gone"
+    return answering.result()
+
+
+async def _answer(
+    client: HandoffClient, policy: Policy, verdict: Verdict, subject: HttpSubject, send: Send, headers: HeaderList
+) -> str:
     try:
         target: HandoffTarget = client.resolve(verdict.handoff, policy.handoff_targets)
     except HandoffError as exc:

@@ -619,7 +619,7 @@ class GuardMiddleware:
 
             async def handoff_app(scope: Scope, receive: Receive, reply: Send) -> None:  # the LLM answers, not the app
                 outcomes.append(await respond_with_handoff(self.handoff, policy, verdict, subject, reply,
-                                                           verdict_headers(verdict)))  # fmt: skip
+                                                           verdict_headers(verdict), receive))  # fmt: skip
 
             await self.respond(scope, receive, send, method=head.method, app=handoff_app, policies=view)
             self.metrics.count_handoff(outcomes[0] if outcomes else "blocked")  # none: a response policy cut it

@@ -229,3 +229,48 @@ async def test_a_chat_part_whose_text_is_not_a_string_reaches_the_target_as_the_
             assert QUESTION in user and "The HTTP request below" in user, user
         assert "nested note" in server.calls[-3]["messages"][1]["content"]
     await handoff.aclose()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_client_that_leaves_stops_the_call_to_the_target(
+    make_guard: GuardFactory, standin: tuple[OpenAIStandIn, str], stream: bool
+) -> None:
+    """uvicorn's send returns quietly once the client has gone, so a stream was read from the target to its end (up to
+    ``stream_timeout``) and a whole answer awaited, for nobody, holding the target's connection and the server's
+    shutdown."""
+    import threading
+
+    _, url = standin
+    handoff = _handoff(url, model="trickle" if stream else "slow-head")  # 12 s of events; a head after 6 s
+    ended = threading.Event()
+    method = "astream" if stream else "acomplete"
+    original = getattr(handoff, method)
+
+    async def watched_stream(target: HandoffTarget, messages: Any) -> Any:
+        try:
+            async for chunk in original(target, messages):
+                yield chunk
+        finally:
+            ended.set()
+
+    async def watched_whole(target: HandoffTarget, messages: Any) -> Any:
+        try:
+            return await original(target, messages)
+        finally:
+            ended.set()
+
+    setattr(handoff, method, watched_stream if stream else watched_whole)
+    handoff.targets["helpdesk"] = HandoffTarget("helpdesk", f"{url}/v1", handoff.targets["helpdesk"].model, timeout=10)
+    chat = {"model": "assistant-small", "stream": stream, "messages": [{"role": "user", "content": QUESTION}]}
+    with serve_in_thread(guarded_app(make_guard(), handoff=handoff)) as guarded:
+        async with httpx.AsyncClient(base_url=guarded, timeout=10) as client:
+            if stream:
+                async with client.stream("POST", "/v1/chat/completions", json=chat) as response:
+                    async for line in response.aiter_lines():
+                        if '"content"' in line:
+                            break  # the client leaves after the first content event
+            else:
+                with pytest.raises(httpx.ReadTimeout):
+                    await client.post("/v1/chat/completions", json=chat, timeout=1.0)
+        assert await asyncio.to_thread(ended.wait, 3.0)  # not after the target's 12 s (6 s) of answering
+    await handoff.aclose()
