@@ -187,7 +187,8 @@ class HandoffClient:
     Args:
         targets: targets by name that override the policy file's (e.g. to point tests at a local server).
         api_keys: API keys by target name; otherwise the key is read from the target's ``api_key_env`` variable.
-        http_client: an ``httpx.AsyncClient`` to use (not closed by :meth:`aclose`); one is created when omitted.
+        http_client: an ``httpx.AsyncClient`` to use (not closed by :meth:`aclose`; a redirect is never followed,
+            whatever its ``follow_redirects``); one is created when omitted.
         max_context_chars: see :data:`DEFAULT_MAX_CONTEXT_CHARS`.
     """
 
@@ -357,7 +358,8 @@ class HandoffClient:
         """
         try:
             async with asyncio.timeout(target.timeout):
-                response = await self._http().send(self._request(target, messages, stream=False), stream=True)
+                response = await self._http().send(self._request(target, messages, stream=False), stream=True,
+                                                     follow_redirects=False)
                 try:
                     self._refuse_encoded(target, response)
                     body = b"".join([chunk async for chunk in _capped(response.aiter_bytes(), MAX_ANSWER_BYTES)])
@@ -400,7 +402,8 @@ class HandoffClient:
         head_timeout = min(target.timeout, target.stream_timeout)
         try:
             async with asyncio.timeout(head_timeout):
-                response = await self._http().send(self._request(target, messages, stream=True), stream=True)
+                response = await self._http().send(self._request(target, messages, stream=True), stream=True,
+                                                     follow_redirects=False)
         except (httpx.HTTPError, TimeoutError) as exc:
             raise self._error(target, exc) from exc
         lines = _lines(_capped(response.aiter_bytes(), MAX_STREAM_BYTES), MAX_ANSWER_BYTES)

@@ -6,6 +6,7 @@ import json
 import socket
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from guard.asgi.handoff import DEFAULT_SYSTEM_PROMPT, HandoffClient, HandoffTarget
@@ -218,6 +219,19 @@ async def test_an_error_answer_is_quoted_without_the_key_and_a_redirect_is_no_an
     assert echoed.reason == "http_401" and "\n" not in str(echoed) and "sk-handoff-secret" not in str(echoed)
     assert "Bearer [redacted]" in str(echoed)
     assert redirected.reason == "http_302"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_redirect_is_not_followed_with_an_http_client_that_follows_redirects(
+    standin: tuple[OpenAIStandIn, str], stream: bool
+) -> None:
+    """An application's ``http_client`` made with ``follow_redirects=True`` followed the target's redirect: the
+    client's content went wherever the target pointed and that answer was taken as the target's."""
+    server, url = standin
+    calls = len(server.calls)
+    async with httpx.AsyncClient(follow_redirects=True) as http:
+        error = await _failure(HandoffClient(http_client=http), _target(url, model="redirect-elsewhere"), stream)
+    assert error.reason == "http_307" and len(server.calls) == calls + 1
 
 
 async def test_unreachable_broken_stream_and_unknown_target(standin: tuple[OpenAIStandIn, str]) -> None:
