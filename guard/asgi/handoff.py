@@ -144,6 +144,19 @@ async def _lines(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[str]
         yield held.decode("utf-8", "replace")
 
 
+#: The members of an assistant message that ask the client to run something: a handoff sends no tools, so its answer
+#: is text, and a client that runs the tools it declared would run what the target named.
+_CALL_MEMBERS = ("tool_calls", "function_call")
+
+
+def _no_calls(choices: list[Any], member: str) -> None:
+    """Raise :class:`TypeError` when any choice's ``member`` (``message`` or ``delta``) holds a tool or function call."""
+    for choice in choices:
+        message = choice.get(member) if isinstance(choice, dict) else None
+        if isinstance(message, dict) and any(message.get(name) for name in _CALL_MEMBERS):
+            raise TypeError(f"the answer holds a tool call ({member})")
+
+
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + f"\n[... {len(text) - limit} more characters cut]"
 
@@ -377,6 +390,7 @@ class HandoffClient:
             text = choice["message"]["content"]
             if not isinstance(text, str):
                 raise TypeError("content is not a string")
+            _no_calls(raw["choices"], "message")
         except InvalidJson as exc:  # its path holds the target's keys: quoted and cut, as the error is logged whole
             raise self._malformed(target, f"InvalidJson: {exc.reason} at {exc.path[:40]!r}") from exc
         except (KeyError, IndexError, TypeError) as exc:
@@ -446,6 +460,7 @@ class HandoffClient:
                     text = delta.get("content") or ""
                     if not isinstance(text, str):
                         raise TypeError("delta.content is not a string")
+                    _no_calls(event["choices"], "delta")
                 except (ValueError, AttributeError, IndexError, KeyError, TypeError) as exc:
                     shown = self._keyless(target, data)[:80]
                     raise self._malformed(target, f"an event is not a chat.completion.chunk: {shown!r}") from exc

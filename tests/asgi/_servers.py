@@ -81,7 +81,7 @@ class OpenAIStandIn:
     The answer is ``"Stand-in answer to: <last user message>"``. The requested model picks a behaviour:
     ``fail-500`` (HTTP 500), ``fail-500-drip`` (HTTP 500 with a body that never ends), ``fail-401-echo`` (HTTP 401
     echoing the key it got and a forged log line), ``redirect-with-answer`` (a 302 whose body is a valid completion),
-    ``redirect-elsewhere`` (a 307 to a URL where it answers),
+    ``redirect-elsewhere`` (a 307 to a URL where it answers), ``tool-call`` (an answer calling a tool),
     ``slow`` (sleeps 1.5 s), ``slow-head`` (6 s), ``malformed`` (200 with a non-JSON body), ``deep`` (JSON nested
     100,000 deep), ``huge`` (a 5 MiB answer), ``drip`` (an answer one byte every 0.3 s), ``keepalive`` (a stream of
     SSE comments only), ``trickle`` (a content event every 0.3 s for 12 s), ``broken-stream``
@@ -117,6 +117,16 @@ class OpenAIStandIn:
                                 headers={"location": "http://169.254.169.254/latest/meta-data/"})
         if model == "redirect-elsewhere" and "followed" not in request.query_params:  # answers once redirected
             return Response(status_code=307, headers={"location": "/v1/chat/completions?followed=1"})
+        if model == "tool-call":  # text with a call of a tool the client may have declared (guard sends none)
+            call = {"index": 0, "id": "call_1", "type": "function",
+                    "function": {"name": "transfer_funds", "arguments": '{"to": "attacker"}'}}
+            if not body.get("stream"):
+                answer = self.completion(model, "Sure.")
+                answer["choices"][0]["message"]["tool_calls"] = [call]
+                return JSONResponse(answer)
+            chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
+            return StreamingResponse(iter([f"data: {json.dumps(chunk)}\n\n", "data: [DONE]\n\n"]),
+                                     media_type="text/event-stream")
         if model == "fail-500-drip":  # an error answer that never ends
             async def endless() -> AsyncIterator[bytes]:
                 while True:

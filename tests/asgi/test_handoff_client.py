@@ -234,6 +234,17 @@ async def test_a_redirect_is_not_followed_with_an_http_client_that_follows_redir
     assert error.reason == "http_307" and len(server.calls) == calls + 1
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_calling_a_tool_is_malformed(standin: tuple[OpenAIStandIn, str], stream: bool) -> None:
+    """A streamed answer whose delta called a tool was relayed (a whole one with text beside the call too), so a client
+    running the tools it declared would run the one the target named; guard sends the target no tools."""
+    _, url = standin
+    client = HandoffClient()
+    error = await _failure(client, _target(url, model="tool-call"), stream)
+    await client.aclose()
+    assert error.reason == "malformed"
+
+
 async def test_unreachable_broken_stream_and_unknown_target(standin: tuple[OpenAIStandIn, str]) -> None:
     _, url = standin
     client = HandoffClient()
