@@ -326,6 +326,14 @@ def _parse(target: str, reply: Any) -> ReviewerAnswer:
         ) from exc
 
 
+def _unavailable(target: str, exc: Exception) -> HandoffError:
+    """The error for a reviewer that raised: its exception's type only, as its text (a provider's error can quote the
+    URL it called with its key, or an internal host) reaches the agent's tool message and the pending item; the whole
+    exception is logged."""
+    logger.warning("reviewer %r failed: %r", target, exc)
+    return HandoffError(f"reviewer {target!r} failed: {type(exc).__name__}", target=target, reason="unavailable")
+
+
 def _quiet_reviewer(model: BaseChatModel) -> Any:
     """``model`` as a reviewer runs: its structured-output runnable when it has one, and without the handlers it was
     built with that would stream its tokens (:func:`~guard.agents._quiet.quiet_model`)."""
@@ -345,7 +353,7 @@ def review(target: str, model: BaseChatModel, subject: AgentSubject, verdict: Ve
         with quiet_tokens(True):
             reply = runnable.invoke(_messages(subject, verdict))
     except Exception as exc:
-        raise HandoffError(f"reviewer {target!r} failed: {exc!r}"[:500], target=target, reason="unavailable") from exc
+        raise _unavailable(target, exc) from exc
     return _parse(target, reply)
 
 
@@ -367,7 +375,7 @@ async def areview(
             f"reviewer {target!r} gave no answer within {timeout:g} s", target=target, reason="timeout"
         ) from exc
     except Exception as exc:
-        raise HandoffError(f"reviewer {target!r} failed: {exc!r}"[:500], target=target, reason="unavailable") from exc
+        raise _unavailable(target, exc) from exc
     return _parse(target, reply)
 
 

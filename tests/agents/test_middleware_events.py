@@ -598,3 +598,26 @@ def test_escalated_reply_waits_as_a_placeholder_then_appears_when_approved(harne
     assert "Reset your password here." in text and h.runs.count() == 1
     ai_texts = [m.text for m in agent.get_state(config).values["messages"] if m.type == "ai"]
     assert ai_texts == ["Reset your password here.", "done"]  # the placeholder is gone
+
+
+class RaisingReviewer(FakeMessagesListChatModel):
+    """A reviewer whose provider call fails with an error naming its URL and key."""
+
+    def _generate(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("401 for url 'https://llm.internal.example/v1/chat?api-key=sk-reviewer-secret-0123456789'")
+
+
+@pytest.mark.parametrize("fail_mode", ["closed", "escalate"])
+def test_a_failed_reviewers_error_text_reaches_neither_the_agent_nor_the_pending_item(
+    harness: Any, thread: Any, fail_mode: str
+) -> None:
+    """A reviewer's exception text (the URL it called with ``?api-key=``) was the reason in the blocked call's tool
+    message, which the agent's model reads, and in the pending item a client is shown."""
+    h = harness()
+    agent = make_agent(h, Turn(calls=[("pay", {"amount": 50, "to": "reviewer"}, "a")]),
+                       reviewers={"second_opinion": RaisingReviewer(responses=[])}, fail_mode=fail_mode)
+    out = drive(agent, USER, thread(), "invoke")
+    assert h.runs.count() == 0
+    shown = json.dumps([m.content for m in out.tool_messages().values()] + [out.items()], default=str)
+    assert "sk-reviewer-secret" not in shown and "llm.internal" not in shown
+    assert "reviewer 'second_opinion' failed: RuntimeError" in shown
