@@ -275,21 +275,30 @@ def _problem(exc: Any) -> str:
     return type(exc).__name__
 
 
+def _one_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's members as a dict, refusing a key that repeats (``json.loads``' ``object_pairs_hook``)."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        raise InvalidJson("duplicate_key", "a key repeats in an object")
+    return value
+
+
 def _check_sent_arguments(target: str, message: Any) -> None:
-    """Read the arguments of an OpenAI-style tool call as the model sent them (``additional_kwargs``) strictly: the
-    integration parsed them keeping the last of a repeated key, so ``{"decision": "deny", "decision": "allow"}`` was
-    an allow, where the same text answer is malformed.
+    """Read the arguments of an OpenAI-style tool call as the model sent them (``additional_kwargs``) for a repeated
+    key: the integration parsed them keeping the last one, so ``{"decision": "deny", "decision": "allow"}`` was an
+    allow, where the same text answer is malformed. Otherwise they are read as the integration reads them
+    (``json.loads(strict=False)``: a raw line feed or tab in the reason is kept).
 
     Raises:
-        HandoffError: ``malformed``: the arguments repeat a key or break another rule of :func:`guard._json.loads`.
+        HandoffError: ``malformed``: the arguments repeat a key or are not JSON.
     """
     sent = (getattr(message, "additional_kwargs", None) or {}).get("tool_calls")
     for call in sent if isinstance(sent, list) else ():
         arguments = (call.get("function") or {}).get("arguments") if isinstance(call, dict) else None
         if isinstance(arguments, str):
             try:
-                strict_loads(arguments)
-            except InvalidJson as exc:
+                json.loads(arguments, strict=False, object_pairs_hook=_one_each)
+            except ValueError as exc:  # InvalidJson, json.JSONDecodeError
                 raise _malformed_review(target, f"gave a structured answer that is not valid: {_problem(exc)}") from exc
 
 
@@ -298,8 +307,8 @@ def _parse(target: str, reply: Any) -> ReviewerAnswer:
 
     Raises:
         HandoffError: ``malformed``: several tool calls, valid or not (which one would decide?), a structured answer
-            that does not validate or whose arguments as sent repeat a key (its text is not read instead: a text "allow" must not outvote a too-long "deny"), or text
-            that is not one :class:`ReviewerAnswer`.
+            that does not validate or whose arguments as sent repeat a key (its text is not read instead: a text
+            "allow" must not outvote a too-long "deny"), or text that is not one :class:`ReviewerAnswer`.
     """
     if isinstance(reply, dict) and "raw" in reply:  # with_structured_output(include_raw=True)
         # the calls whose arguments did not parse count too: one valid "allow" beside a broken "deny" is no answer

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
+from langchain_core.output_parsers.openai_tools import parse_tool_call
 
 from guard.agents._judge import review
 from guard.errors import HandoffError
@@ -73,3 +74,15 @@ def test_a_structured_answer_sent_with_a_repeated_key_is_malformed() -> None:
     with pytest.raises(HandoffError) as info:
         review("rev", ToolFake(messages=iter([reply])), SUBJECT, VERDICT)
     assert info.value.reason == "malformed" and "duplicate_key" in str(info.value)
+
+
+def test_a_structured_answer_with_a_control_character_in_its_reason_decides() -> None:
+    """OpenAI's integration reads tool-call arguments with ``json.loads(strict=False)``, so a reason holding a raw line
+    feed or tab is a valid answer; reading the arguments as sent strictly for a repeated key refused it too, and the
+    fail mode decided (``open``: an allow) where the reviewer had denied."""
+    sent = '{"decision": "deny", "reason": "the payee\tis new\nand unknown"}'
+    raw = {"id": "t", "type": "function", "function": {"name": "ReviewerAnswer", "arguments": sent}}
+    reply = AIMessage(content="", additional_kwargs={"tool_calls": [raw]},
+                      tool_calls=[parse_tool_call(raw, return_id=True)])  # as langchain_openai builds it
+    answer = review("rev", ToolFake(messages=iter([reply])), SUBJECT, VERDICT)
+    assert answer.decision == "deny" and answer.reason == "the payee\tis new\nand unknown"
