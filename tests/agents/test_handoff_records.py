@@ -68,8 +68,8 @@ def test_a_handoff_that_fails_takes_its_fail_modes_action_from_the_engines_one_t
 
 
 def test_a_failed_handoffs_error_is_scrubbed_of_secrets_as_a_decisions_is() -> None:
-    """A reviewer's failure is recorded as ``reviewer 'x' failed: <its exception>``, which can quote the endpoint it
-    called (with ``?api-key=``) or a key; the outcome record scrubs those shapes as a decision record's error is."""
+    """An outcome's error that quotes an endpoint (with ``?api-key=``) or a key (a reviewer's failure named its whole
+    exception before it named only its type) is scrubbed of those shapes as a decision record's error is."""
     key = "sk-" + "Q7wErTy9uIoP3aSdF6gH" * 2
     exc = ConnectionError(f"POST https://llm.example/openai/deployments/g4/chat?api-key=azk3y0987654321 with {key}")
     error = f"reviewer 'second_opinion' failed: {exc!r}"
