@@ -15,7 +15,7 @@ and ``tenacity`` retries:
   probabilities summing to 1 within the provider's rounding); Cloudflare's ``{result, success, errors, messages}``
   envelope is unwrapped and ``success`` must be ``true`` (spec §5.5), also when ``answers`` sit beside it;
 * the current trace context goes in ``traceparent`` (OpenTelemetry's propagator), so guard's worker continues the
-  gateway's trace;
+  gateway's trace; the app's baggage is not sent, in whatever headers the propagators would write it;
 * httpx errors are translated at the boundary (``raise ... from exc``) into ``BackendTimeout``,
   ``BackendUnavailable``, ``BackendRejected`` or ``MalformedAnswer``;
 * an error answer's text (a 422 that echoes the request's state, in whatever shape) is read nowhere: the error
@@ -43,7 +43,7 @@ from typing import Any, Self
 from urllib.parse import urlsplit
 
 import httpx
-from opentelemetry import propagate
+from opentelemetry import baggage, propagate
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
 from guard._json import loads
@@ -337,8 +337,9 @@ class SystemOneClient:
         headers = self._headers.copy()
         if self.provider.continues_trace:  # the decision span's trace context: the worker continues it
             carrier: dict[str, str] = {}
-            propagate.inject(carrier)
-            carrier.pop("baggage", None)  # the app's baggage (user, session, tenant ids) is not sent on
+            # without the app's baggage (user, session, tenant ids), whatever headers a propagator writes it in
+            # (W3C ``baggage``, Jaeger's ``uberctx-*``, OT's ``ot-baggage-*``)
+            propagate.inject(carrier, context=baggage.clear())
             headers.update(carrier)
         if self.provider.sends_deadline:
             headers[TIMEOUT_HEADER] = str(max(1, math.floor(remaining * 1000)))

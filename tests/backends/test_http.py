@@ -863,3 +863,43 @@ async def test_a_401_to_a_client_without_a_key_says_where_the_key_goes() -> None
                 with pytest.raises(BackendRejected) as info:
                     await client.decide(REQUEST)
             assert ("GUARD_BACKEND_API_KEY" in str(info.value)) is hint
+
+
+async def test_the_worker_gets_the_decision_span_but_no_baggage_whatever_the_propagator(
+    standin: tuple[str, WorkersAIStandIn],
+) -> None:
+    """A propagator that writes baggage in headers of its own (Jaeger's ``uberctx-<key>``, OT's ``ot-baggage-<key>``)
+    sends none of the app's baggage to guard's worker either; the trace context still goes."""
+    from opentelemetry import baggage, context, propagate, trace
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.propagators.textmap import CarrierT, Setter, TextMapPropagator, default_setter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    class PrefixedBaggage(TextMapPropagator):  # as Jaeger's propagator writes baggage
+        def extract(self, carrier: CarrierT, context: Any = None, getter: Any = None) -> Any:
+            return context
+
+        def inject(self, carrier: CarrierT, context: Any = None, setter: Setter[CarrierT] = default_setter) -> None:
+            for key, value in baggage.get_all(context).items():
+                setter.set(carrier, f"uberctx-{key}", str(value))
+
+        @property
+        def fields(self) -> set[str]:
+            return set()
+
+    url, server = standin
+    before = propagate.get_global_textmap()
+    propagate.set_global_textmap(CompositePropagator([TraceContextTextMapPropagator(), PrefixedBaggage()]))
+    span = TracerProvider().get_tracer("t").start_span("decision")
+    token = context.attach(baggage.set_baggage("user.email", "alice@example.com", trace.set_span_in_context(span)))
+    try:
+        target = url + PATH.format(scenario="ok", model="clef-flash")
+        async with SystemOneClient(target, provider="worker", retry=FAST_RETRY) as client:
+            await client.decide(REQUEST)
+    finally:
+        context.detach(token)
+        propagate.set_global_textmap(before)
+    _, headers, _ = next(r for r in reversed(server.requests) if r[0] == "ok")
+    assert headers["traceparent"].split("-")[1] == f"{span.get_span_context().trace_id:032x}"
+    assert not [name for name in headers if name.startswith("uberctx-") or name == "baggage"], dict(headers)
