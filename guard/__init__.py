@@ -19,6 +19,7 @@ included)::
                                                readers decode it, and which characters a reader cannot see; the one
                                                value of a single-value request header; Host and Content-Type as
                                                guard matches them
+    guard._tracecontext                        a caller's trace headers read without logging their text
     guard.systemone                            wire types; the one answer check
     guard.verdict                              the Verdict type
     guard._body                                ASGI body reading and replay (worker and middleware)

@@ -47,7 +47,6 @@ are refused with a reason (:mod:`guard.asgi._websocket`).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import re
 import ssl
@@ -62,6 +61,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from starlette.types import Message, Receive, Scope, Send
 
 from guard._body import Deadline, check_framing
+from guard._tracecontext import quietly
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._respond import ResponseJudge
 from guard.asgi._responses import refuse_target, send_json
@@ -617,22 +617,6 @@ def _upstream_failure(exc: UpstreamError) -> tuple[int, dict[str, Any]]:
 
 
 _W3C = TraceContextTextMapPropagator()
-_EXTRACTING = contextvars.ContextVar("guard_client_trace_context", default=False)
-#: The OpenTelemetry loggers that warn of a malformed ``traceparent`` / ``tracestate`` while it is read.
-_TRACE_CONTEXT_LOGGERS = ("opentelemetry.trace.propagation.tracecontext", "opentelemetry.trace.span")
-
-
-class _QuietWhileExtracting(logging.Filter):
-    """Drops what OpenTelemetry logs while :func:`_client_trace_context` reads a client's trace headers (``Member
-    doesn't match the w3c identifiers format <the client's text>``, a header over its length): a malformed header is
-    the client's, its context is dropped, and a client sending one on every request would fill the log."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not _EXTRACTING.get()
-
-
-for _name in _TRACE_CONTEXT_LOGGERS:
-    logging.getLogger(_name).addFilter(_QuietWhileExtracting())
 
 
 def _client_trace_context(scope: Scope) -> otel_context.Context:
@@ -646,11 +630,8 @@ def _client_trace_context(scope: Scope) -> otel_context.Context:
             carrier[name.decode("latin-1")].append(value.decode("latin-1"))
     if len(carrier["traceparent"]) != 1:
         return otel_context.Context()
-    token = _EXTRACTING.set(True)
-    try:
+    with quietly():  # a malformed header is the client's: OpenTelemetry's warnings would quote it
         return _W3C.extract(carrier)
-    finally:
-        _EXTRACTING.reset(token)
 
 
 class ProxyApp:

@@ -85,6 +85,7 @@ from guard._close import CLOSE_TIMEOUT_S, close_within
 from guard._headers import sole_header
 from guard._json import loads
 from guard._rootpath import route_path
+from guard._tracecontext import quietly
 from guard.backends.selftest import CanaryFailed
 from guard.errors import (
     BackendRejected,
@@ -537,8 +538,10 @@ async def _systemone(request: Request) -> Response:
     runtime = _runtime(request)
     started = time.perf_counter()
     attributes = {"http.request.method": "POST", "url.path": "/v1/systemone", "gen_ai.operation.name": GEN_AI_OPERATION}
+    with quietly():  # a malformed trace header is the caller's: OpenTelemetry's warnings would quote it
+        parent = propagate.extract(request.headers)
     with runtime.tracer.start_as_current_span(
-        "POST /v1/systemone", context=propagate.extract(request.headers), kind=SpanKind.SERVER, attributes=attributes
+        "POST /v1/systemone", context=parent, kind=SpanKind.SERVER, attributes=attributes
     ) as span:
         response, outcome = await _answer(request, runtime)
         if span.is_recording():

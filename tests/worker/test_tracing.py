@@ -4,6 +4,7 @@ vocabulary; prometheus_client's own parser reads what guard serves."""
 
 from __future__ import annotations
 
+import logging
 import signal
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,32 @@ async def test_a_refused_request_is_an_error_span(
     assert late.status.status_code is StatusCode.ERROR  # a 5xx is the server span's error
     assert f"{served.context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"  # the caller's trace continues
     assert served.parent is not None and f"{served.parent.span_id:016x}" == "b7ad6b7169203331"
+
+
+def test_the_worker_does_not_log_a_callers_malformed_trace_headers(
+    clef_fp32: ClefModel, spans: tuple[TracerProvider, InMemorySpanExporter], caplog: pytest.LogCaptureFixture
+) -> None:
+    """OpenTelemetry's warnings about a malformed ``tracestate`` or ``baggage`` quote the caller's text (a 100 KB
+    ``baggage`` header whole, on every request); the worker drops that context quietly, as the gateway does, and the
+    caller's ``traceparent`` is still continued."""
+    provider, exporter = spans
+    app = create_app(LocalBackend(clef_fp32), config=WorkerConfig(model_name="clef-flash"), tracer_provider=provider)
+    server = ServerThread(app)
+    url = server.start()
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    try:
+        with caplog.at_level(logging.DEBUG), httpx.Client(base_url=url, timeout=30) as client:
+            for name, value in (("tracestate", "Bearer sk-live-tracestate-text"),
+                                ("baggage", "password=%zz;;;,sk-live-baggage-text"),
+                                ("baggage", ",".join(f"k{i}=" + "v" * 100 for i in range(200)) + ",sk-live-long")):
+                answer = client.post("/v1/systemone", json=ticket_body(0),
+                                     headers={"traceparent": traceparent, name: value})
+                assert answer.status_code == 200
+    finally:
+        server.stop()
+    assert "sk-live" not in caplog.text
+    served = [s for s in exporter.get_finished_spans() if s.name == "POST /v1/systemone"]
+    assert len(served) == 3 and all(f"{s.context.trace_id:032x}" == traceparent[3:35] for s in served)
 
 
 def test_a_worker_process_configured_by_otel_variables_sends_its_spans_to_an_otlp_receiver(
