@@ -154,6 +154,17 @@ metrics.get_meter_provider().shutdown()
     assert '"service.name": "guard"' in done.stdout and "unknown_service" not in done.stdout
 
 
+def test_resource_attribute_values_are_percent_decoded() -> None:
+    """``OTEL_RESOURCE_ATTRIBUTES`` values are percent-encoded (a space as ``%20``, a comma as ``%2C``); guard's own
+    reading kept them encoded and overrode the SDK's decoded ones."""
+    from guard._resource import resource_from_env
+
+    environ = {"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=eu%20west, team=a%2Cb,service.name=my%20api"}
+    attributes = resource_from_env(environ, "guard").attributes
+    assert attributes["deployment.environment"] == "eu west" and attributes["team"] == "a,b"
+    assert attributes["service.name"] == "my api"
+
+
 def test_guard_proxy_exit_waits_a_bounded_time_for_a_collector_that_never_answers() -> None:
     """``guard proxy`` shuts the global providers down within ``CLOSE_TIMEOUT_S`` (5 s) when it stops; the SDK's exit
     hooks alone waited about 30 s for a collector that accepts connections and never answers."""
