@@ -541,9 +541,20 @@ async def _systemone(request: Request) -> Response:
     with quietly():  # a malformed trace header is the caller's: OpenTelemetry's warnings would quote it
         parent = propagate.extract(request.headers)
     with runtime.tracer.start_as_current_span(
-        "POST /v1/systemone", context=parent, kind=SpanKind.SERVER, attributes=attributes
+        "POST /v1/systemone", context=parent, kind=SpanKind.SERVER, attributes=attributes,
+        record_exception=False, set_status_on_exception=False,  # an exception's text may quote the request
     ) as span:
-        response, outcome = await _answer(request, runtime)
+        try:
+            response, outcome = await _answer(request, runtime)
+        except Exception as exc:
+            # answered by the exception handlers (500, with the traceback in the log; 499 for a client that left):
+            # counted, and the span gets the exception's type only
+            gone = isinstance(exc, ClientDisconnect)
+            runtime.metrics.request_done("cancelled" if gone else "error", time.perf_counter() - started)
+            if span.is_recording() and not gone:
+                span.set_attributes({"http.response.status_code": 500, "error.type": "500"})
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            raise
         if span.is_recording():
             span.set_attribute("http.response.status_code", response.status_code)
             if response.status_code >= 400:

@@ -136,6 +136,37 @@ def test_the_worker_does_not_log_a_callers_malformed_trace_headers(
     assert len(served) == 3 and all(f"{s.context.trace_id:032x}" == traceparent[3:35] for s in served)
 
 
+def test_an_unexpected_error_is_counted_and_its_text_stays_out_of_the_span(
+    clef_fp32: ClefModel, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    """A request answered 500 by an exception was not counted in ``guard_worker_requests_total``, and its server span
+    kept the exception's text (an ``exception`` event with its message and stack, the status description), which may
+    quote the request."""
+    provider, exporter = spans
+    backend = LocalBackend(clef_fp32)
+    app = create_app(backend, config=WorkerConfig(model_name="clef-flash"), tracer_provider=provider)
+    server = ServerThread(app)
+    url = server.start()
+
+    async def failing(request: Any, **options: Any) -> Any:
+        raise ValueError(f"cannot read {request.state!r}")
+
+    backend.decide = failing  # type: ignore[method-assign]
+    try:
+        body = {**ticket_body(0), "state": {"password": "hunter2-secret"}}
+        with httpx.Client(base_url=url, timeout=30) as client:
+            assert client.post("/v1/systemone", json=body).status_code == 500
+        text = httpx.get(f"{url}/metrics", timeout=30).text  # uvicorn closed the connection after the 500
+    finally:
+        server.stop()
+    (served,) = [s for s in exporter.get_finished_spans() if s.name == "POST /v1/systemone"]
+    assert served.status.status_code is StatusCode.ERROR and served.status.description == "ValueError"
+    assert served.attributes["http.response.status_code"] == 500 and not served.events
+    assert "hunter2" not in str(served.to_json())
+    counted = families(text)["guard_worker_requests"]
+    assert [(s.labels, s.value) for s in counted.samples if s.name.endswith("_total")] == [({"outcome": "error"}, 1.0)]
+
+
 def test_a_worker_process_configured_by_otel_variables_sends_its_spans_to_an_otlp_receiver(
     golden_checkpoint: Path, tmp_path: Path
 ) -> None:
