@@ -491,7 +491,8 @@ def refused(
 def guard_failed(
     policy: Policy | None, mode: FailMode, exc: BaseException, *, decision_id: str, latency_ms: float
 ) -> Verdict:
-    """The verdict of an enforcement point's fail mode when the guard itself raised."""
+    """The verdict of an enforcement point's fail mode when the guard itself raised; its ``error`` names the
+    exception's type only (``guard_error: KeyError``), as :func:`fail_mode`'s does an unexpected one."""
     return make(
         FAIL_ACTIONS[mode],
         decision_id,
@@ -500,7 +501,7 @@ def guard_failed(
         rule=GUARD_ERROR_RULE,
         latency_ms=latency_ms,
         fail_mode=mode,
-        error=f"guard_error: {exc!r}"[:500],
+        error=f"guard_error: {type(exc).__name__}",  # its text may quote the input; the caller logs the traceback
         policy_digest=policy.digest if policy else None,
         policy_file=policy.file if policy else None,
     )

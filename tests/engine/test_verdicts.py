@@ -253,3 +253,18 @@ def test_a_rule_that_may_read_any_header_is_refused_only_for_a_header_holding_wh
         verdict = judge.evaluate(subject)
     assert (verdict.action, verdict.rule) == (action, "token")
     assert [(r.pointer, r.start, r.end) for r in verdict.redactions] == ([("/note", 12, 44)] if action == "redact" else [])
+
+
+def test_a_guard_that_raised_is_named_by_the_exceptions_type_only() -> None:
+    """An agent's guard that raised put ``repr(exc)`` in the verdict's ``error`` (the span's ``guard.error`` and
+    status description, the decision log's ``error``): an exception's text may quote the call it judged."""
+    exc = KeyError("sk-live-0123456789 from the tool's arguments")
+    verdict = verdicts.guard_failed(None, "closed", exc, decision_id="d", latency_ms=1.0)
+    assert verdict.error == "guard_error: KeyError" and verdict.fail_mode == "closed"
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry = Telemetry(tracer_provider=provider)
+    with telemetry.span(AgentSubject(event="tool_call", tool_name="pay")) as span:
+        telemetry.finish(span, verdict)
+    assert "sk-live" not in exporter.get_finished_spans()[0].to_json()
