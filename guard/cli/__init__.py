@@ -48,7 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the process exit status (130 when interrupted with Ctrl-C)."""
+    """Run the CLI; returns the process exit status (130 when interrupted with Ctrl-C, 2 for an ``OTEL_PROPAGATORS``
+    naming a propagator that is not installed)."""
+    try:  # OpenTelemetry reads OTEL_PROPAGATORS on this first import (the commands' modules import it) and raises
+        from opentelemetry import propagate  # noqa: F401
+    except ValueError as exc:
+        print(f"guard: OTEL_PROPAGATORS: {exc}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

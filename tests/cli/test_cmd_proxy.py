@@ -58,3 +58,20 @@ def test_what_only_the_config_checks_is_named_by_the_flag(
     assert main([*PROXY, *options]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"guard proxy: {message}") and err.count("\n") == 1, err
+
+
+def test_an_unknown_otel_propagator_is_one_line_and_exit_2() -> None:
+    """OpenTelemetry reads ``OTEL_PROPAGATORS`` when ``opentelemetry.propagate`` is first imported and raises for a
+    name it cannot load: every command (``guard policy check`` too) died with a traceback while its parser was
+    built."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    environ = {**os.environ, "OTEL_PROPAGATORS": "tracecontext,b3multi-typo",
+               "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-m", "guard", "policy", "--help"], env=environ, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("guard: OTEL_PROPAGATORS: ") and "b3multi-typo" in done.stderr
