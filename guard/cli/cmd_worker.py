@@ -414,17 +414,20 @@ def run(args: argparse.Namespace) -> int:
     try:
         install_tracing_from_env()
         readers, _ = metric_readers_from_env(os.environ)  # /metrics always serves the Prometheus text
+        metrics = WorkerMetrics(extra_readers=readers)  # the SDK reads OTEL_METRICS_EXEMPLAR_FILTER here
     except ValueError as exc:
+        shutdown_providers()
         return _fail(str(exc))
     port = DEFAULT_PORT if args.port is None else args.port
     try:  # before the weights load (at startup): a port in use is one line and exit 2, not a load then uvicorn's exit 3
         sockets = None if args.uds else [bind_socket(host, port)]
     except OSError as exc:
+        metrics.shutdown()
         shutdown_providers()
         return _fail(str(exc))
     if args.uds:  # after every check: a usage error leaves no socket file behind
         _owner_and_group_only(args.uds)
-    app = create_app(load, config=worker_config, metrics=WorkerMetrics(extra_readers=readers))
+    app = create_app(load, config=worker_config, metrics=metrics)
     where: dict[str, Any] = {"uds": args.uds} if args.uds else {}  # a Unix socket uvicorn binds itself
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level=args.log_level, access_log=args.access_log,
                                            **server_options(args.header_timeout), **where))

@@ -68,6 +68,22 @@ def test_a_port_in_use_is_one_line_before_the_weights_load(
     assert capsys.readouterr().err == f"guard worker serve: cannot listen on 127.0.0.1:{port}: Address already in use\n"
 
 
+def test_a_bad_otel_metrics_variable_is_one_line_before_the_weights_load(
+    golden_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The SDK refuses an unknown ``OTEL_METRICS_EXEMPLAR_FILTER`` when the worker's meter provider is made, which
+    was outside the checks of the ``OTEL_*`` variables: a traceback and exit 1 (``guard proxy`` said it in one line)."""
+    from guard.backends.local import LocalBackend
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(LocalBackend, "from_pretrained", never)
+    monkeypatch.setenv("OTEL_METRICS_EXEMPLAR_FILTER", "sometimes")
+    assert main(["worker", "serve", "--model", str(golden_checkpoint), "--port", "0"]) == 2
+    assert capsys.readouterr().err == "guard worker serve: Unknown exemplar filter 'sometimes'.\n"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
