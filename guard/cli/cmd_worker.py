@@ -414,7 +414,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         install_tracing_from_env()
         readers, _ = metric_readers_from_env(os.environ)  # /metrics always serves the Prometheus text
-        metrics = WorkerMetrics(extra_readers=readers)  # the SDK reads OTEL_METRICS_EXEMPLAR_FILTER here
     except ValueError as exc:
         shutdown_providers()
         return _fail(str(exc))
@@ -422,7 +421,13 @@ def run(args: argparse.Namespace) -> int:
     try:  # before the weights load (at startup): a port in use is one line and exit 2, not a load then uvicorn's exit 3
         sockets = None if args.uds else [bind_socket(host, port)]
     except OSError as exc:
-        metrics.shutdown()
+        shutdown_providers()
+        return _fail(str(exc))
+    try:  # after the bind: a meter provider, once made, sends its last OTLP export when it is shut down
+        metrics = WorkerMetrics(extra_readers=readers)  # the SDK reads OTEL_METRICS_EXEMPLAR_FILTER here
+    except ValueError as exc:
+        for sock in sockets or ():
+            sock.close()
         shutdown_providers()
         return _fail(str(exc))
     if args.uds:  # after every check: a usage error leaves no socket file behind

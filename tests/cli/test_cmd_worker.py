@@ -68,6 +68,27 @@ def test_a_port_in_use_is_one_line_before_the_weights_load(
     assert capsys.readouterr().err == f"guard worker serve: cannot listen on 127.0.0.1:{port}: Address already in use\n"
 
 
+def test_a_port_in_use_sends_no_metrics_to_an_otlp_collector(
+    golden_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A worker that could not listen served nothing: its exit made the metrics provider's last OTLP export, and
+    waited for a collector that never answers (``OTEL_EXPORTER_OTLP_TIMEOUT``, 10 s by default)."""
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    with socket.socket() as collector, socket.socket() as taken:
+        collector.bind(("127.0.0.1", 0))
+        collector.listen()
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", f"http://127.0.0.1:{collector.getsockname()[1]}/v1/metrics")
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["worker", "serve", "--model", str(golden_checkpoint), "--port", str(port)]) == 2
+        collector.setblocking(False)
+        with pytest.raises(BlockingIOError):  # nothing connected to the collector
+            collector.accept()
+    assert capsys.readouterr().err == f"guard worker serve: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
 def test_a_bad_otel_metrics_variable_is_one_line_before_the_weights_load(
     golden_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
