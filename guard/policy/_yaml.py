@@ -12,7 +12,9 @@ and refuses, at the first offending event:
 * a lone surrogate (U+D800 to U+DFFF, written as a ``\\ud800`` escape), in a value or a key: it is half of a UTF-16
   pair, not a character, and cannot be encoded in a response, a header or a model request. A pair written as two
   escapes, JSON's way (``"\\ud83d\\ude00"``, as ``json.dumps`` writes an emoji), is joined into its character;
-* nesting deeper than :data:`MAX_DEPTH` and documents larger than :data:`MAX_POLICY_BYTES`;
+* nesting deeper than :data:`MAX_DEPTH`, documents larger than :data:`MAX_POLICY_BYTES` and documents of more than
+  :data:`MAX_NODES` values (PyYAML keeps about 1 KB per node: ``[1,1,...]`` in 1 MiB is 500,000 nodes, over 400 MB
+  and minutes of parsing);
 * U+0085, U+2028 or U+2029 anywhere in the text: YAML 1.1 (PyYAML) reads them as line breaks, YAML 1.2 (editors,
   linters) as ordinary characters, so one in a comment would hide a key from every other tool; a double-quoted
   string writes them as ``\\N``, ``\\L``, ``\\P``;
@@ -39,13 +41,16 @@ from guard._json import surrogates_joined
 from guard._readfile import FileRefused, read_capped
 from guard.errors import PolicyError
 
-__all__ = ["MAX_DEPTH", "MAX_NUMBER_CHARS", "MAX_POLICY_BYTES", "LineMap", "Path", "format_path", "load_yaml",
-           "read_policy_file"]
+__all__ = ["MAX_DEPTH", "MAX_NODES", "MAX_NUMBER_CHARS", "MAX_POLICY_BYTES", "LineMap", "Path", "format_path",
+           "load_yaml", "read_policy_file"]
 
 #: Largest policy (or policy test) file accepted, in bytes.
 MAX_POLICY_BYTES = 1 << 20
 #: Deepest nesting of mappings and sequences accepted.
 MAX_DEPTH = 48
+#: Most nodes (scalars, keys included, mappings and sequences) a document may hold; the next one is refused as it is
+#: parsed, before the rest of the file is read.
+MAX_NODES = 100_000
 #: Longest number (in characters) a policy file may write; a longer one is refused, not parsed.
 MAX_NUMBER_CHARS = 100
 
@@ -128,8 +133,8 @@ class _Reject(Exception):
 
 
 class _Loader(yaml.SafeLoader):  # type: ignore[misc,unused-ignore]
-    """SafeLoader that composes nodes but refuses anchors, aliases and deep nesting as they are parsed, and notes the
-    scalars written plain and the nodes with an explicit tag (refused by :func:`_to_data`, which knows their key)."""
+    """SafeLoader that composes nodes but refuses anchors, aliases, deep nesting and too many nodes as they are parsed,
+    and notes the scalars written plain and the nodes with an explicit tag (refused by :func:`_to_data`, which knows their key)."""
 
     # The YAML 1.1 core resolver without timestamps: a plain ``2024-05-01`` is text, then refused (_readings).
     yaml_implicit_resolvers: ClassVar[dict[Any, Any]] = {
@@ -141,6 +146,7 @@ class _Loader(yaml.SafeLoader):  # type: ignore[misc,unused-ignore]
         super().__init__(stream)
         self.surrogates = surrogates  # the key paths whose scalars keep lone surrogates (load_yaml)
         self._depth = 0
+        self._nodes = 0
         self.plain_scalars: set[int] = set()  # id() of each scalar node written without quotes or a tag
         self.tagged: dict[int, str] = {}  # id() of each node written with an explicit tag -> the tag as parsed
 
@@ -158,6 +164,10 @@ class _Loader(yaml.SafeLoader):  # type: ignore[misc,unused-ignore]
         anchor = getattr(event, "anchor", None)
         if anchor is not None:
             raise _Reject(event.start_mark, f"anchor &{anchor} is not allowed in policy files; repeat the value")
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            raise _Reject(event.start_mark, f"the file holds more than {MAX_NODES} values (keys included); at most "
+                          f"{MAX_NODES} (split it into several files)")
         nested = isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent))
         if nested:
             self._depth += 1
@@ -211,7 +221,7 @@ def load_yaml(
         PolicyError: on a YAML syntax error, a control character, U+0085, U+2028 or U+2029 (naming its line and
             column as YAML counts them: ``\\r\\n``, ``\\r`` or ``\\n`` ends a line), a lone surrogate (unless
             allowed), an anchor or alias, a duplicate or merge key, a key that is not text, an explicit tag, excessive
-            nesting, a file over :data:`MAX_POLICY_BYTES`, or bytes that are not UTF-8.
+            nesting, more than :data:`MAX_NODES` nodes, a file over :data:`MAX_POLICY_BYTES`, or bytes that are not UTF-8.
     """
     lines = LineMap(file)
     if isinstance(text, str) and _SURROGATE.search(text):

@@ -9,7 +9,8 @@ import tracemalloc
 import pytest
 
 from guard.errors import PolicyError
-from guard.policy._yaml import MAX_DEPTH, MAX_POLICY_BYTES, load_yaml
+from guard.policy import _yaml
+from guard.policy._yaml import MAX_DEPTH, MAX_NODES, MAX_POLICY_BYTES, load_yaml
 
 # The 9-level nested-anchor bomb (PyYAML #235 / js-yaml #738 shape): ~400 bytes, 9^9 leaves when expanded.
 ALIAS_BOMB = """\
@@ -100,6 +101,23 @@ def test_depth_size_and_encoding_limits() -> None:
     assert info.value.line == 2
     assert info.value.reason == "file is not UTF-8: byte 0xFF at column 12 (offset 17); save the file as UTF-8"
     assert load_yaml("") == (None, load_yaml("")[1])
+
+
+def test_node_count_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1 MiB file of ``[1,1,...]`` is 500,000 nodes: PyYAML took minutes and over 400 MB to compose it (850 MB and
+    nearly 5 minutes as a policy file, pydantic's errors included). The node past :data:`MAX_NODES` is refused as it
+    is parsed, naming its line; the rest of the file is not composed."""
+    assert len("a: [" + "1," * (MAX_NODES * 5) + "]") < MAX_POLICY_BYTES  # the size cap alone let such a file in
+    monkeypatch.setattr(_yaml, "MAX_NODES", 20)
+    assert len(load_yaml("a: [" + "1," * 17 + "]\n")[0]["a"]) == 17  # 20 nodes: the mapping, a, the list, 17 items
+    with pytest.raises(PolicyError) as info:
+        load_yaml("a: [" + "1," * 18 + "]\nb: [" + "1," * 10_000 + "]\n", "p.yaml")
+    assert (info.value.file, info.value.line) == ("p.yaml", 1)
+    assert info.value.reason == ("the file holds more than 20 values (keys included); at most 20 (split it into "
+                                 "several files)")
+    with pytest.raises(PolicyError, match="more than 20 values") as info:
+        load_yaml("a: 1\nb:\n" + "".join(f"  k{i}: {i}\n" for i in range(30)), "p.yaml")
+    assert info.value.line == 10  # the 21st node: k7's value (the mapping, a, 1, b, its mapping, k0, 0, ..., k7, 7)
 
 
 @pytest.mark.parametrize(
