@@ -13,8 +13,8 @@ and refuses, at the first offending event:
   pair, not a character, and cannot be encoded in a response, a header or a model request. A pair written as two
   escapes, JSON's way (``"\\ud83d\\ude00"``, as ``json.dumps`` writes an emoji), is joined into its character;
 * nesting deeper than :data:`MAX_DEPTH`, documents larger than :data:`MAX_POLICY_BYTES` and documents of more than
-  :data:`MAX_NODES` values (PyYAML keeps about 1 KB per node: ``[1,1,...]`` in 1 MiB is 500,000 nodes, over 400 MB
-  and minutes of parsing);
+  :data:`MAX_NODES` values (PyYAML keeps about 1 KB per node: ``[1,1,...]`` in 1 MiB is 500,000 nodes, about 500 MB
+  and tens of seconds of parsing);
 * U+0085, U+2028 or U+2029 anywhere in the text: YAML 1.1 (PyYAML) reads them as line breaks, YAML 1.2 (editors,
   linters) as ordinary characters, so one in a comment would hide a key from every other tool; a double-quoted
   string writes them as ``\\N``, ``\\L``, ``\\P``;
@@ -134,7 +134,8 @@ class _Reject(Exception):
 
 class _Loader(yaml.SafeLoader):  # type: ignore[misc,unused-ignore]
     """SafeLoader that composes nodes but refuses anchors, aliases, deep nesting and too many nodes as they are parsed,
-    and notes the scalars written plain and the nodes with an explicit tag (refused by :func:`_to_data`, which knows their key)."""
+    and notes the scalars written plain and the nodes with an explicit tag (refused by :func:`_to_data`, which knows
+    their key)."""
 
     # The YAML 1.1 core resolver without timestamps: a plain ``2024-05-01`` is text, then refused (_readings).
     yaml_implicit_resolvers: ClassVar[dict[Any, Any]] = {
@@ -221,7 +222,8 @@ def load_yaml(
         PolicyError: on a YAML syntax error, a control character, U+0085, U+2028 or U+2029 (naming its line and
             column as YAML counts them: ``\\r\\n``, ``\\r`` or ``\\n`` ends a line), a lone surrogate (unless
             allowed), an anchor or alias, a duplicate or merge key, a key that is not text, an explicit tag, excessive
-            nesting, more than :data:`MAX_NODES` nodes, a file over :data:`MAX_POLICY_BYTES`, or bytes that are not UTF-8.
+            nesting, more than :data:`MAX_NODES` nodes, a file over :data:`MAX_POLICY_BYTES`, or bytes that are not
+            UTF-8.
     """
     lines = LineMap(file)
     if isinstance(text, str) and _SURROGATE.search(text):
