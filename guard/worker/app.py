@@ -37,7 +37,7 @@ Routes:
   503 ``canary_failed`` (and ``POST /v1/systemone`` answers 503) while they fail or the inference thread looks hung,
   or while the encoding fails: :data:`FAILED_ENCODINGS_TO_PROBE` requests in a row answered 503 ``unavailable``
   (counted apart for requests with images and without) have the worker encode a canary request live, and its failing takes the worker out until a canary run's live encoding
-  passes.
+  passes; its passing runs the canaries at once (a forward pass that fails takes the worker out until a run passes).
 * ``GET /metrics``: Prometheus text of the OpenTelemetry metrics (:mod:`guard.worker.metrics`).
 
 Tracing: every ``POST /v1/systemone`` is a SERVER span (``POST /v1/systemone``) continuing the caller's W3C
@@ -156,7 +156,8 @@ HUNG_CANARY_RUNS = 2
 #: Requests in a row whose encoding or forward pass failed (503 ``unavailable``; a client's 4xx is not counted), with
 #: none answered between, counted apart for requests with images and without (a text request answered says nothing
 #: of the image path), after which the worker encodes a canary request live (``probe_encoding``): if that fails
-#: too, the worker is unready until a periodic canary run's live encoding passes.
+#: too, the worker is unready until a periodic canary run's live encoding passes; if it passes, the canaries run at
+#: once (a failing forward pass makes the worker unready).
 FAILED_ENCODINGS_TO_PROBE = 5
 DEFAULT_DESCRIPTION = "Clef decision model (System One API) served by guard"
 
@@ -363,15 +364,23 @@ class _Runtime:
     def failed(self, backend: LocalBackend, images: bool) -> None:
         """A request's (``images``: one with images) encoding or forward pass failed (not the client's fault): at
         :data:`FAILED_ENCODINGS_TO_PROBE` in a row of its kind, however many of the other kind were answered between,
-        probe the encoding live (one probe at a time, and only while canary runs go on, which probe it again while it
-        is broken)."""
+        probe the encoding live and, that passing, run the canaries (a forward pass) at once, not at the next
+        periodic run (one probe at a time, and only while canary runs go on, which probe it again while it is
+        broken)."""
         self.model_failures[images] += 1
         if (
             self.model_failures[images] >= FAILED_ENCODINGS_TO_PROBE
             and (self._probe is None or self._probe.done())
             and self.watched(backend)
         ):
-            self._probe = asyncio.ensure_future(self.probe_encoding(backend))
+            self._probe = asyncio.ensure_future(self._probe_failures(backend))
+
+    async def _probe_failures(self, backend: LocalBackend) -> None:
+        """The probe after failed requests: the live encoding, then, if it works, one canary run (a forward pass that
+        fails makes the worker unready now; one that passes leaves it ready)."""
+        await self.probe_encoding(backend)
+        if not self.encoding_broken:
+            await self.check_canaries(backend)
 
     def watched(self, backend: LocalBackend) -> bool:
         """Whether canary runs go on once ready (``canary_interval_s`` > 0 and the backend has canaries)."""

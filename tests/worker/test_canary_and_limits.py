@@ -323,6 +323,32 @@ def _with_image() -> dict[str, Any]:
     return {**ticket_body(0), "images": [{"content_type": "image/png", "base64": png}]}
 
 
+def test_a_forward_pass_that_fails_for_every_request_makes_the_worker_unready_before_the_next_canary_run(
+    golden_checkpoint: Path,
+) -> None:
+    """A forward pass that broke after start (every batch raising) answered every request 503 while ``/readyz`` stayed
+    green until the next periodic canary run (60 s by default): the probe after ``FAILED_ENCODINGS_TO_PROBE`` failures
+    encoded only, passed, and started the count again. The probe now runs the canaries too, so the worker is unready
+    at once, and ready again once a run passes."""
+    model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test breaks it
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=3600)
+    forward = model.forward_records
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("device failure (injected)")
+
+    with serve_worker(LocalBackend(model), config=config) as worker, httpx.Client(base_url=worker.url, timeout=30) as c:
+        runtime = worker.app.state.worker
+        model.forward_records = broken  # type: ignore[method-assign]
+        refused = [c.post("/v1/systemone", json=ticket_body(i)) for i in range(FAILED_ENCODINGS_TO_PROBE)]
+        wait_for(lambda: runtime._probe is not None and runtime._probe.done(), timeout=20)
+        phase, ready = runtime.phase, c.get("/readyz")
+        model.forward_records = forward  # type: ignore[method-assign]
+    assert [r.json()["code"] for r in refused] == ["unavailable"] * FAILED_ENCODINGS_TO_PROBE
+    assert phase is WorkerPhase.UNREADY
+    assert ready.status_code == 503 and "device failure (injected)" in ready.json()["message"]
+
+
 def test_requests_whose_own_encoding_fails_never_make_the_worker_unready(golden_checkpoint: Path) -> None:
     """Requests refused 422 at encoding (a schema over ``max_length``, an image that cannot be decoded) are not
     counted, and requests whose encoding fails for what they hold (an input that crashes the tokenizer) leave the
