@@ -153,7 +153,8 @@ NOT_READY_RETRY_AFTER_S = 5.0
 #: Canary runs in a row that do not finish, with no forward pass finished since the run before, after which the
 #: inference thread counts as hung: the worker is unready and ``/healthz`` 503, so an orchestrator restarts it.
 HUNG_CANARY_RUNS = 2
-#: Requests in a row whose encoding or forward pass failed (503 ``unavailable``; a client's 4xx is not counted), with
+#: Requests in a row whose encoding or forward pass failed (503 ``unavailable`` or ``malformed_answer``; a client's
+#: 4xx is not counted), with
 #: none answered between, counted apart for requests with images and without (a text request answered says nothing
 #: of the image path), after which the worker encodes a canary request live (``probe_encoding``): if that fails
 #: too, the worker is unready until a periodic canary run's live encoding passes; if it passes, the canaries run at
@@ -666,7 +667,8 @@ async def _read_and_answer(
             runtime.failed(backend, bool(system_request.images))
         return _http.error_response(503, _http.UNAVAILABLE, str(exc), retry_after=1.0), "unavailable"
     except MalformedAnswer as exc:
-        logger.error("model produced a malformed answer: %s", exc)  # the next canary run takes the worker out
+        logger.error("model produced a malformed answer: %s", exc)
+        runtime.failed(backend, bool(system_request.images))  # enough in a row run the canaries at once
         return _http.error_response(503, _http.MALFORMED_ANSWER, str(exc)), "error"
     runtime.answered(bool(system_request.images))
     headers = {_http.MODEL_REVISION_HEADER: backend.model_revision}

@@ -349,6 +349,29 @@ def test_a_forward_pass_that_fails_for_every_request_makes_the_worker_unready_be
     assert ready.status_code == 503 and "device failure (injected)" in ready.json()["message"]
 
 
+def test_a_model_that_answers_nan_to_every_request_makes_the_worker_unready_before_the_next_canary_run(
+    golden_checkpoint: Path,
+) -> None:
+    """A model whose weights turned NaN after start answered every request 503 ``malformed_answer`` while ``/readyz``
+    stayed green until the next periodic canary run: malformed answers were not counted as failed requests. They are
+    now, so ``FAILED_ENCODINGS_TO_PROBE`` of them in a row run the canaries at once."""
+    model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test breaks it
+    saved = {name: p.detach().clone() for name, p in model.head.named_parameters()}
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=3600)
+    with serve_worker(LocalBackend(model), config=config) as worker, httpx.Client(base_url=worker.url, timeout=30) as c:
+        runtime = worker.app.state.worker
+        with torch.no_grad():
+            model.head.residual_gate.fill_(float("nan"))
+        refused = [c.post("/v1/systemone", json=ticket_body(i)) for i in range(FAILED_ENCODINGS_TO_PROBE)]
+        wait_for(lambda: runtime._probe is not None and runtime._probe.done(), timeout=20)
+        phase, ready = runtime.phase, c.get("/readyz")
+        with torch.no_grad():
+            for name, p in model.head.named_parameters():
+                p.copy_(saved[name])
+    assert [r.json()["code"] for r in refused] == ["malformed_answer"] * FAILED_ENCODINGS_TO_PROBE
+    assert phase is WorkerPhase.UNREADY and ready.status_code == 503
+
+
 def test_requests_whose_own_encoding_fails_never_make_the_worker_unready(golden_checkpoint: Path) -> None:
     """Requests refused 422 at encoding (a schema over ``max_length``, an image that cannot be decoded) are not
     counted, and requests whose encoding fails for what they hold (an input that crashes the tokenizer) leave the
