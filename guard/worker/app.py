@@ -150,8 +150,8 @@ MAX_JSON_CONTAINERS = 65_536
 INTAKE_THREADS = 2
 #: ``Retry-After`` while the model is loading.
 NOT_READY_RETRY_AFTER_S = 5.0
-#: Canary runs in a row that do not finish, with no forward pass finished since the run before, after which the
-#: inference thread counts as hung: the worker is unready and ``/healthz`` 503, so an orchestrator restarts it.
+#: Periodic canary runs in a row that do not finish, with no forward pass finished since the run before, after which
+#: the inference thread counts as hung: the worker is unready and ``/healthz`` 503, so an orchestrator restarts it.
 HUNG_CANARY_RUNS = 2
 #: Requests in a row whose encoding or forward pass failed (503 ``unavailable`` or ``malformed_answer``; a client's
 #: 4xx is not counted), with
@@ -381,7 +381,7 @@ class _Runtime:
         fails makes the worker unready now; one that passes leaves it ready)."""
         await self.probe_encoding(backend)
         if not self.encoding_broken:
-            await self.check_canaries(backend)
+            await self.check_canaries(backend, periodic=False)
 
     def watched(self, backend: LocalBackend) -> bool:
         """Whether canary runs go on once ready (``canary_interval_s`` > 0 and the backend has canaries)."""
@@ -421,12 +421,14 @@ class _Runtime:
         """Whether the inference thread looks hung (:data:`HUNG_CANARY_RUNS`)."""
         return self.stalled_runs >= HUNG_CANARY_RUNS
 
-    async def check_canaries(self, backend: LocalBackend) -> None:
+    async def check_canaries(self, backend: LocalBackend, *, periodic: bool = True) -> None:
         """One canary run, within ``canary_timeout_s``; sets the phase (``READY`` or ``UNREADY``) and
         ``canary_error``. Answers that fail the margin, and a model that cannot answer at all (a malformed answer such
         as NaN, a failed encoding or forward pass, any other error, logged with its traceback), make the worker
         unready. A run that does not finish (overloaded, timed out) says nothing while forward passes still finish (a
-        busy worker); :data:`HUNG_CANARY_RUNS` of them in a row with none finished make it unready and :attr:`hung`.
+        busy worker); :data:`HUNG_CANARY_RUNS` periodic ones in a row with none finished make it unready and
+        :attr:`hung`. A run that is not ``periodic`` (the probe's after failed requests, which may overlap a periodic
+        one and see the same slow pass) that does not finish says nothing.
         The canaries' records (with a checkpoint that reads images, an image canary's too, which passes the vision
         tower) were encoded at start and go straight to the batcher
         (:meth:`~guard.backends.local.LocalBackend.run_canaries`), so a run that does not finish waited on the queue
@@ -439,6 +441,10 @@ class _Runtime:
         try:
             await backend.run_canaries(timeout=self.config.canary_timeout_s)
         except Exception as exc:  # whatever ends a run is seen: an error that escaped stopped the runs for good
+            if _unfinished(exc) and not periodic:
+                logger.warning("canary run after failed requests not completed (%s: %s); readiness unchanged",
+                               type(exc).__name__, exc)
+                return
             if _unfinished(exc):
                 self.stalled_runs = 0 if self.passes != self._passes_seen else self.stalled_runs + 1
                 if self.hung:

@@ -42,7 +42,7 @@ from guard.errors import BackendRejected, BackendUnavailable, RequestValidationE
 from guard.policy import load_text
 from guard.subject import AgentSubject
 from guard.systemone import SystemOneRequestV1
-from guard.worker.app import FAILED_ENCODINGS_TO_PROBE, WorkerConfig, WorkerPhase, create_app
+from guard.worker.app import FAILED_ENCODINGS_TO_PROBE, HUNG_CANARY_RUNS, WorkerConfig, WorkerPhase, create_app
 from tests._degenerate import always_no_app
 from tests.worker._requests import ticket_body
 from tests.worker._serve import ServerThread, serve_app_in_thread, serve_worker
@@ -370,6 +370,38 @@ def test_a_model_that_answers_nan_to_every_request_makes_the_worker_unready_befo
                 p.copy_(saved[name])
     assert [r.json()["code"] for r in refused] == ["malformed_answer"] * FAILED_ENCODINGS_TO_PROBE
     assert phase is WorkerPhase.UNREADY and ready.status_code == 503
+
+
+def test_probes_after_failed_requests_never_make_a_slow_worker_look_hung(golden_checkpoint: Path) -> None:
+    """The canary run of the probe after failed requests, timing out beside a periodic run during the same slow (but
+    finishing) forward pass, counted as a second stalled run: ``/healthz`` answered 503 (the inference thread "hung")
+    and an orchestrator restarts the worker. Only periodic runs count towards a hang."""
+    model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test slows it
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=2.0, canary_timeout_s=1.0)
+    encode, forward = model.encode, model.forward_records
+
+    def poisoned(request: SystemOneRequestV1, **kwargs: Any) -> Any:
+        if request.state == "poison":
+            raise RuntimeError("tokenizer failure on one input (injected)")
+        return encode(request, **kwargs)
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(1.8)  # every pass finishes, later than a run's timeout
+        return forward(*args, **kwargs)
+
+    with serve_worker(LocalBackend(model), config=config) as worker, httpx.Client(base_url=worker.url, timeout=30) as c:
+        runtime = worker.app.state.worker
+        model.encode, model.forward_records = poisoned, slow  # type: ignore[method-assign]
+        stalled, alive = [], []
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            for i in range(FAILED_ENCODINGS_TO_PROBE):
+                c.post("/v1/systemone", json={**ticket_body(i), "state": "poison"})
+            stalled.append(runtime.stalled_runs)
+            alive.append(c.get("/healthz").status_code)
+            time.sleep(0.3)
+        model.encode, model.forward_records = encode, forward  # type: ignore[method-assign]
+    assert max(stalled) < HUNG_CANARY_RUNS and set(alive) == {200}
 
 
 def test_requests_whose_own_encoding_fails_never_make_the_worker_unready(golden_checkpoint: Path) -> None:
