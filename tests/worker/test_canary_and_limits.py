@@ -38,7 +38,7 @@ from guard.clef.model import ClefModel
 from guard.cli import main
 from guard.engine import Guard
 from guard.engine.health import HealthMonitor
-from guard.errors import BackendRejected, BackendUnavailable, RequestValidationError
+from guard.errors import BackendRejected, BackendUnavailable, MalformedAnswer, RequestValidationError
 from guard.policy import load_text
 from guard.subject import AgentSubject
 from guard.systemone import SystemOneRequestV1
@@ -370,6 +370,50 @@ def test_a_model_that_answers_nan_to_every_request_makes_the_worker_unready_befo
                 p.copy_(saved[name])
     assert [r.json()["code"] for r in refused] == ["malformed_answer"] * FAILED_ENCODINGS_TO_PROBE
     assert phase is WorkerPhase.UNREADY and ready.status_code == 503
+
+
+@pytest.mark.parametrize("breaks", ["forward pass", "answer"])
+def test_requests_whose_own_forward_pass_fails_or_answers_nan_never_make_the_worker_unready(
+    golden_checkpoint: Path, breaks: str
+) -> None:
+    """One client whose requests each break their own forward pass (the batch is rerun one request at a time) or
+    come back NaN (503 ``malformed_answer``) cannot take a healthy worker out: the probe their failures start runs
+    the canaries, which pass, so the worker stays ready and answers the others."""
+    model = ClefModel.from_pretrained(golden_checkpoint, dtype=torch.float32)  # its own copy: the test breaks it
+    config = WorkerConfig(model_name="clef-flash", canary_interval_s=3600)
+    encode, forward, answer = model.encode, model.forward_records, model.answer
+    poisoned: set[int] = set()  # id() of the records of the requests that break
+
+    def marking(request: SystemOneRequestV1, **kwargs: Any) -> Any:
+        record = encode(request, **kwargs)
+        if request.state == "poison":
+            poisoned.add(id(record))
+        return record
+
+    def forward_breaking(records: Any) -> Any:
+        if breaks == "forward pass" and any(id(r) in poisoned for r in records):
+            raise RuntimeError("a forward pass failure on one input (injected)")
+        return forward(records)
+
+    def answer_breaking(request: SystemOneRequestV1, record: Any, *args: Any, **kwargs: Any) -> Any:
+        if breaks == "answer" and id(record) in poisoned:
+            raise MalformedAnswer("NaN for one input (injected)")
+        return answer(request, record, *args, **kwargs)
+
+    model.encode, model.forward_records = marking, forward_breaking  # type: ignore[method-assign]
+    model.answer = answer_breaking  # type: ignore[method-assign]
+    with serve_worker(LocalBackend(model), config=config) as worker, httpx.Client(base_url=worker.url, timeout=30) as c:
+        runtime = worker.app.state.worker
+        runs = runtime.canary_runs
+        with ThreadPoolExecutor(4) as pool:
+            bad = [pool.submit(c.post, "/v1/systemone", json={**ticket_body(i), "state": "poison"})
+                   for i in range(2 * FAILED_ENCODINGS_TO_PROBE)]
+            good = [pool.submit(c.post, "/v1/systemone", json=ticket_body(i)) for i in range(4)]
+            refused, answered = [f.result().status_code for f in bad], [f.result().status_code for f in good]
+        wait_for(lambda: runtime._probe is not None and runtime._probe.done())
+        phase, ready = runtime.phase, c.get("/readyz").status_code
+    assert refused == [503] * 2 * FAILED_ENCODINGS_TO_PROBE and answered == [200] * 4
+    assert runtime.canary_runs > runs and phase is WorkerPhase.READY and ready == 200
 
 
 def test_probes_after_failed_requests_never_make_a_slow_worker_look_hung(golden_checkpoint: Path) -> None:
