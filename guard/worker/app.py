@@ -154,11 +154,10 @@ NOT_READY_RETRY_AFTER_S = 5.0
 #: the inference thread counts as hung: the worker is unready and ``/healthz`` 503, so an orchestrator restarts it.
 HUNG_CANARY_RUNS = 2
 #: Requests in a row whose encoding or forward pass failed (503 ``unavailable`` or ``malformed_answer``; a client's
-#: 4xx is not counted), with
-#: none answered between, counted apart for requests with images and without (a text request answered says nothing
-#: of the image path), after which the worker encodes a canary request live (``probe_encoding``): if that fails
-#: too, the worker is unready until a periodic canary run's live encoding passes; if it passes, the canaries run at
-#: once (a failing forward pass makes the worker unready).
+#: 4xx is not counted), with none answered between, counted apart for requests with images and without (a text
+#: request answered says nothing of the image path), after which the worker encodes a canary request live
+#: (``probe_encoding``): if that fails too, the worker is unready until a periodic canary run's live encoding passes;
+#: if it passes, the canaries run at once (a failing forward pass makes the worker unready).
 FAILED_ENCODINGS_TO_PROBE = 5
 DEFAULT_DESCRIPTION = "Clef decision model (System One API) served by guard"
 
