@@ -142,7 +142,7 @@ def test_short_lines_of_english_code_or_spaced_letters_are_read(text: str) -> No
     f"{EMAIL} Merci beaucoup!",  # a short phrase in another language is read with the rest
     "We met at the café and ordered crème brûlée for dessert, then walked home along the river before it rained.",
     "Our team motto is carpe diem. Please send the quarterly report to finance before Friday so they can close it.",
-    ("Fetch the weights first:\nhuggingface-cli download Cloudflare/clef-flash --revision "
+    ("Fetch the weights first:\nhf download Cloudflare/clef-flash --revision "
     "17f0b0ad64efb65d273590632833508766b2aae6\nthen start the worker."),  # a segment of no language (zxx)
     "Deploy notes:\n- bump the version\n- run the migrations (alembic upgrade head)\n- restart the workers",
     # a form's fields as request_text joins them: names and places, whatever their origin, are not a language
