@@ -298,6 +298,10 @@ class ProbabilityCache:
             weakref.WeakKeyDictionary()
         )
         self._last_flights: tuple[weakref.ref[asyncio.AbstractEventLoop], dict[str, _Flight]] | None = None
+        # per loop, the tasks running flights' miss paths (aclose waits for them)
+        self._leads: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, set[asyncio.Task[Any]]] = (
+            weakref.WeakKeyDictionary()
+        )
         # per loop, the tasks writing answers whose flight already settled (aclose waits for them)
         self._writes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, set[asyncio.Task[Any]]] = (
             weakref.WeakKeyDictionary()
@@ -423,8 +427,12 @@ class ProbabilityCache:
         reachable: bool,
     ) -> None:
         """Run the miss path in its own task, so a caller that times out does not cancel it for the others."""
-        task = asyncio.get_running_loop().create_task(self._lead(flight, key, request, compute, ttl, wait, reachable))
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._lead(flight, key, request, compute, ttl, wait, reachable))
         task.add_done_callback(functools.partial(_settle, flight))
+        leads = self._leads.setdefault(loop, set())
+        leads.add(task)
+        task.add_done_callback(leads.discard)
 
     async def _lead(
         self, flight: _Flight, key: str, request: SystemOneRequestV1, compute: Compute, ttl: float, wait: float,
@@ -661,14 +669,17 @@ class ProbabilityCache:
         return
 
     async def aclose(self) -> None:
-        """Wait for this loop's answers still being written to the store, then release connections. Idempotent."""
+        """Wait for this loop's calls still in flight and answers still being written to the store, then release
+        connections. Idempotent."""
         await self._finish_writes()
 
     async def _finish_writes(self) -> None:
-        """Wait for the tasks of this loop still writing answers whose callers went on (:meth:`_answered`)."""
-        writes = self._writes.get(asyncio.get_running_loop())
-        if writes:
-            await asyncio.gather(*writes, return_exceptions=True)
+        """Wait for the tasks of this loop still running a flight's miss path, its callers gone or not (each bounded
+        by its caller's budget), or writing answers whose callers went on (:meth:`_answered`)."""
+        loop = asyncio.get_running_loop()
+        running = self._leads.get(loop, set()) | self._writes.get(loop, set())
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
 
 
 class MemoryCache(ProbabilityCache):
@@ -999,8 +1010,8 @@ return 0
         return None
 
     async def aclose(self) -> None:
-        """Wait for this loop's answers still being written, then close its client (clients of other, finished loops
-        are dropped)."""
+        """Wait for this loop's calls still in flight and answers still being written, then close its client (clients
+        of other, finished loops are dropped)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # pragma: no cover - called outside a loop

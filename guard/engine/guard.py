@@ -91,6 +91,8 @@ class _Portal:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def stop(self) -> None:
+        """Cancel the tasks still running on the loop and wait for them, then stop and close it."""
+        self.call(_cancel_the_rest())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
         self.loop.close()
@@ -143,6 +145,8 @@ class Guard:
         #: Shadow policies' decisions finishing in the background (:meth:`_compose`), on whichever loop started them.
         self._background: set[asyncio.Future[Any]] = set()
         self._background_lock = threading.Lock()
+        #: Group calls of :meth:`_compose` still running, on whichever loop started them (close waits for them).
+        self._calls: set[asyncio.Future[Any]] = set()
         self._plans: dict[int, tuple[Plan, str]] = {}  # id(policy) -> (plan, backend name)
         self._groups: dict[tuple[int, ...], tuple[tuple[Plan, ...], tuple[Group, ...]]] = {}  # id(plan)s -> groups
         #: Each backend's recent model calls (:meth:`health`); a call is counted on a cache miss only.
@@ -465,6 +469,9 @@ class Guard:
                         )
                     )
                     source.add_done_callback(_retrieve)
+                    with self._background_lock:
+                        self._calls.add(source)
+                    source.add_done_callback(self._forget_call)
             asks.append((group, judged, raw, state, flags, source))
         # Enforced policies first; a shadow policy never holds up the verdict of an enforced one: when any enforced
         # policy matched, a shadow policy whose answers are not in yet finishes in the background and is recorded
@@ -553,6 +560,10 @@ class Guard:
     def _forget(self, task: asyncio.Future[Any]) -> None:
         with self._background_lock:
             self._background.discard(task)
+
+    def _forget_call(self, task: asyncio.Future[Any]) -> None:
+        with self._background_lock:
+            self._calls.discard(task)
 
     async def _drain(self) -> None:
         """Wait for the background shadow decisions running on this loop (each is bounded by its policy's
@@ -703,13 +714,25 @@ class Guard:
 
     # Lifecycle --------------------------------------------------------------------------------------------------
 
-    async def _close_resources(self) -> None:
+    async def _close_loop(self) -> None:
+        """Wait for the model calls still running on this loop (their callers may have gone at their deadline; each
+        call is bounded by its policy's ``timeout_ms``), then close the cache's part on this loop."""
+        loop = asyncio.get_running_loop()
+        with self._background_lock:
+            calls = [task for task in self._calls if task.get_loop() is loop]
+        if calls:
+            await asyncio.gather(*calls, return_exceptions=True)
         await self.cache.aclose()
+
+    async def _close_resources(self) -> None:
+        await self._close_loop()
         for backend in self.backends.values():
             await backend.aclose()
 
     async def aclose(self) -> None:
-        """Stop the health monitor's runs and close the cache, the backends and the sync portal. Idempotent."""
+        """Stop the health monitor's runs and close the cache, the backends and the sync portal, once the model calls
+        still running (a caller gone at its deadline leaves its call to end within its ``timeout_ms``) have ended.
+        Idempotent."""
         if self._closed:
             return
         await self.drain()  # shadow decisions still running record before the backends close
@@ -719,7 +742,7 @@ class Guard:
         with self._portal_lock:
             portal, self._portal = self._portal, None
         if portal is not None:
-            await asyncio.to_thread(portal.call, self.cache.aclose())
+            await asyncio.to_thread(portal.call, self._close_loop())
             await asyncio.to_thread(portal.stop)
         await self._close_resources()
         if self.decision_log is not None:  # waits for its queued lines, within a bound
@@ -805,6 +828,15 @@ class _LoopWrites:
             except RuntimeError:  # the loop closed while the record was built: nothing would run the write
                 self._log.append(line)
         return event
+
+
+async def _cancel_the_rest() -> None:
+    """Cancel every other task of the running loop and wait for them to end."""
+    current = asyncio.current_task()
+    rest = [task for task in asyncio.all_tasks() if task is not current]
+    for task in rest:
+        task.cancel()
+    await asyncio.gather(*rest, return_exceptions=True)
 
 
 async def _run(off_loop: bool, function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

@@ -864,3 +864,91 @@ def test_a_body_built_in_code_with_what_json_has_not_is_read_as_json_writes_it()
     loop["self"] = [loop]
     with pytest.raises(ValueError, match="refers to itself or is nested too deep"):
         HttpSubject(method="POST", path="/", body=loop)
+
+
+class _SlowToStop(ScriptedBackend):
+    """Never answers in time; told to stop, it takes a while to finish (closing a connection, say)."""
+
+    def __init__(self) -> None:
+        super().__init__(calm())
+        self.events: list[str] = []
+
+    async def decide(self, request: SystemOneRequestV1, *, timeout: float | None = None) -> SystemOneResponseV1:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.events.append("cancelled")
+            await asyncio.sleep(0.3)
+            self.events.append("stopped")
+            raise
+        raise AssertionError("not reached")
+
+    async def aclose(self) -> None:
+        self.events.append("closed")
+        await super().aclose()
+
+
+def test_close_waits_for_a_model_call_its_caller_gave_up_on() -> None:
+    backend = _SlowToStop()
+    guard = Guard(http_policies(timeout_ms=100), backends=backend)
+    assert guard.evaluate(post("x")).error.startswith("timeout")
+    portal = guard._portal
+    assert portal is not None
+    guard.close()  # the call's task ran past the caller's deadline: it ends before the backend closes
+    assert backend.events == ["cancelled", "stopped", "closed"]
+    assert not [task for task in asyncio.all_tasks(portal.loop) if not task.done()]
+
+
+TWO_CALLS = """
+policies:
+  - id: spam
+    version: 1
+    match: {http: {methods: [POST], paths: ["/v1/**"]}}
+    state: {prompt: body:/prompt}
+    questions:
+      spam: {type: noul, instructions: "Is this spam?"}
+    rules:
+      - {id: spam, when: spam.noul >= 0.9, action: block}
+    timeout_ms: 100
+  - id: abuse
+    version: 1
+    match: {http: {methods: [POST], paths: ["/v1/**"]}}
+    state: {text: body:/prompt}
+    questions:
+      abuse: {type: noul, instructions: "Is this abusive?"}
+    rules:
+      - {id: abuse, when: abuse.noul >= 0.9, action: block}
+    timeout_ms: 100
+"""
+
+
+@pytest.mark.anyio
+async def test_aclose_waits_for_model_calls_their_callers_gave_up_on() -> None:
+    backend = _SlowToStop()
+    guard = Guard(load_text(TWO_CALLS, "two.yaml"), backends=backend)
+    before = asyncio.all_tasks()
+    verdict = await guard.aevaluate(post("x"))  # two policies asking different questions: two calls in flight
+    assert verdict.error.startswith("timeout")
+    await guard.aclose()
+    assert backend.events[-1] == "closed" and backend.events.count("stopped") == backend.events.count("cancelled") == 2
+    assert not [task for task in asyncio.all_tasks() - before if not task.done()]
+
+
+class _LeavesATask(ScriptedBackend):
+    """Starts a task of its own on the loop that calls it and leaves it running."""
+
+    def __init__(self) -> None:
+        super().__init__(calm())
+        self.left: list[asyncio.Task[Any]] = []
+
+    async def decide(self, request: SystemOneRequestV1, *, timeout: float | None = None) -> SystemOneResponseV1:
+        self.left.append(asyncio.ensure_future(asyncio.sleep(30)))
+        return await super().decide(request, timeout=timeout)
+
+
+def test_close_cancels_what_is_left_on_the_sync_facade_s_loop() -> None:
+    backend = _LeavesATask()
+    guard = Guard(http_policies(), backends=backend)
+    assert guard.evaluate(post("x")).action == "allow"
+    guard.close()
+    assert [task.cancelled() for task in backend.left] == [True]
