@@ -19,7 +19,8 @@
 
 Status: ``failing`` when no request can be judged (no policy; a backend that fails its canary or, in this process,
 cannot answer it, whose monitor has not finished its first canary run (``starting``), that refused the deployment's key or
-model, or, with no canaries to ask, whose last call failed in a way no request causes); ``degraded`` when requests are still judged but something needs a look (a Redis error, a forged or corrupt value read from it, a failed
+model, or, with no canaries to ask, whose last call failed in a way no request causes; a policy watcher not started
+yet, ``starting``); ``degraded`` when requests are still judged but something needs a look (a Redis error, a forged or corrupt value read from it, a failed
 reload, a dead reload watcher, a backend call a request may have failed, an upstream forward that failed lately);
 else ``ok``. ``ready`` is ``status != "failing"``.
 """
@@ -430,6 +431,8 @@ def _watcher_check(watcher: PolicyWatcher | None) -> Check:
     if watcher is None:
         return Check("off", "ok")
     detail = {"reloads": watcher.reloads, "failures": watcher.failures, "last_error": watcher.last_error}
+    if not watcher.started:  # as a backend whose first canary run has not finished: not ready yet
+        return Check("starting", "failing", detail)
     if not watcher.alive:
         return Check("watcher_dead", "degraded", detail)
     if watcher.last_error is not None:  # the last change was refused; the last good policies serve

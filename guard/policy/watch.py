@@ -14,7 +14,8 @@ policies were read from (a ConfigMap rolled back to the last good version), the 
 ``last_error`` are cleared: health is no longer degraded by a change that was undone. Any other error in a check (an
 unexpected exception from a reader) is logged and counted in :attr:`PolicyWatcher.failures` too; the watcher keeps
 polling.
-:attr:`PolicyWatcher.alive` says whether its task still runs (health reports ``watcher_dead`` otherwise).
+:attr:`PolicyWatcher.started` says whether :meth:`~PolicyWatcher.start` ran (health reports ``starting`` until then)
+and :attr:`PolicyWatcher.alive` whether its task still runs (health reports ``watcher_dead`` once it ended).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class PolicyWatcher:
         self._failed: _Stamp | None = None  # the files a reload last failed on: not retried until they change
         self._refused: PolicyError | None = None  # that reload's error (the set's ``last_error`` until it clears)
         self._task: asyncio.Task[None] | None = None
+        self._started = False
         self._checking: asyncio.Future[bool] | None = None  # the check running in a thread
 
     def check(self) -> bool:
@@ -109,8 +111,14 @@ class PolicyWatcher:
         """Whether the polling task runs (``False`` before :meth:`start`, after :meth:`aclose`, or if it died)."""
         return self._task is not None and not self._task.done()
 
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` ran (it stays true after :meth:`aclose`)."""
+        return self._started
+
     def start(self) -> None:
         """Start polling in the running event loop. Idempotent."""
+        self._started = True
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="guard-policy-watcher")
 

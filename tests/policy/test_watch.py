@@ -352,3 +352,25 @@ async def test_a_base_exception_while_reloading_is_a_failed_reload_and_the_watch
         assert policies["p"].version == "3" and watcher.alive
     finally:
         await watcher.aclose()
+
+
+@pytest.mark.anyio
+async def test_health_says_starting_until_the_watcher_is_started_and_dead_once_its_task_ended(tmp_path: Path) -> None:
+    from guard.engine import Guard
+    from guard.engine.health import health_report
+    from tests._backends import ScriptedBackend
+
+    path = tmp_path / "p.yaml"
+    _write(path, POLICY.format(version="1", threshold=0.9), 0)
+    guard = Guard(load_files(path), backends=ScriptedBackend())
+    watcher = PolicyWatcher(guard.policies, interval_s=0.05)
+    before = health_report(guard, watcher=watcher)
+    watcher.start()
+    running = health_report(guard, watcher=watcher)
+    await watcher.aclose()
+    ended = health_report(guard, watcher=watcher)
+    await guard.aclose()
+    # not started yet is not a task that ended: reported like a backend still starting (not ready yet)
+    assert (before["checks"]["policy_watcher"], before["status"], before["ready"]) == ("starting", "failing", False)
+    assert (running["checks"]["policy_watcher"], running["status"], running["ready"]) == ("ok", "ok", True)
+    assert (ended["checks"]["policy_watcher"], ended["status"]) == ("watcher_dead", "degraded")
