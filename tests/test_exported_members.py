@@ -52,6 +52,13 @@ def test_package_all_is_sorted_and_resolves(name: str) -> None:
         assert hasattr(module, attribute), f"{name}.{attribute} does not resolve"
 
 
+def test_a_tenant_scoped_reviewer_is_made_from_guard_asgi_as_docs_http_md_shows() -> None:
+    from guard.asgi import Reviewer
+    from guard.asgi.review_api import Reviewer as Defined
+
+    assert Reviewer is Defined and "Reviewer" in importlib.import_module("guard.asgi").__all__
+
+
 def test_import_guard_does_not_load_torch() -> None:
     code = "import sys, guard, guard.systemone, guard.errors; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
