@@ -394,3 +394,21 @@ def test_a_worker_that_remote_gateways_reach_is_shown_with_keys(page: Path) -> N
         start = worker.index("guard")
         args = build_parser().parse_args(worker[start + 1 :])
         assert args.api_keys_env and any(w.startswith(f"{args.api_keys_env}=") for w in worker[:start]), worker
+
+
+def test_the_explain_output_recipes_md_shows_is_what_the_command_prints(tmp_path: Path) -> None:
+    # the text block after the explain command quotes its output (digest, cache key, answers): a change to either
+    # (a new cache key version, say) must come with the page's update
+    doc = ROOT / "docs" / "recipes.md"
+    blocks = marked_blocks(doc)
+    run = next(block for block in blocks if block.write is None and "guard policy explain" in block.text)
+    scratch = _scratch_root(tmp_path)
+    for block in blocks:
+        if block.write is not None and block.line < run.line:
+            _write(block, scratch)
+    fenced = _fenced_blocks(doc.read_text(encoding="utf-8").splitlines())
+    shown = next(text for start, _, info, text in fenced if start > run.line - 1 and info == "text")
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", run.text], cwd=scratch, env=_environment(tmp_path),
+                            capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout == shown
