@@ -54,6 +54,7 @@ from guard.engine.telemetry import DecisionLog, Telemetry
 from guard.engine.verdicts import STATE_TOO_LONG_RULE, STATE_TOO_LONG_STATUS
 from guard.errors import BackendError, BackendUnavailable, PolicyError, StateAmbiguous, StateTooLong
 from guard.policy import Policy, PolicySet, load_files
+from guard.policy.model import MAX_TIMEOUT_MS
 from guard.subject import HttpSubject, Subject, carries_over
 from guard.systemone import SystemOneRequestV1
 from guard.systemone.answers import encode_checked
@@ -76,6 +77,11 @@ MAX_BACKGROUND_SHADOW = 32
 #: rules that read request data on a thread: on the event loop, a policy whose rules read a 1 MB body with the
 #: payload detectors held every other request for about a second (``bench/decision_off_loop.py``).
 INLINE_DECISION_CHARS = 64 * 1024
+#: Seconds :meth:`Guard.aclose` waits, per loop, for model calls whose callers went at their deadline (each ends
+#: within its policy's ``timeout_ms``, at most ``MAX_TIMEOUT_MS``) before closing without them.
+CLOSE_WAIT_S = MAX_TIMEOUT_MS / 1000 + 1
+#: Seconds the sync facade's loop waits for the tasks it cancels as it closes.
+CANCEL_WAIT_S = 1.0
 
 T = TypeVar("T")
 
@@ -716,7 +722,14 @@ class Guard:
 
     async def _close_loop(self) -> None:
         """Wait for the model calls still running on this loop (their callers may have gone at their deadline; each
-        call is bounded by its policy's ``timeout_ms``), then close the cache's part on this loop."""
+        call is bounded by its policy's ``timeout_ms``), then close the cache's part on this loop; at most
+        :data:`CLOSE_WAIT_S` in all (a backend that ignores cancellation cannot hold closing up for ever)."""
+        closing = asyncio.ensure_future(self._finish_calls())
+        done, _ = await asyncio.wait([closing], timeout=CLOSE_WAIT_S)
+        if not done:
+            logger.warning("model calls still running %.0f s after closing began; closing without them", CLOSE_WAIT_S)
+
+    async def _finish_calls(self) -> None:
         loop = asyncio.get_running_loop()
         with self._background_lock:
             calls = [task for task in self._calls if task.get_loop() is loop]
@@ -831,12 +844,16 @@ class _LoopWrites:
 
 
 async def _cancel_the_rest() -> None:
-    """Cancel every other task of the running loop and wait for them to end."""
+    """Cancel every other task of the running loop and wait for them to end, at most :data:`CANCEL_WAIT_S` (a task
+    that ignores cancellation is left to the loop's closing)."""
     current = asyncio.current_task()
     rest = [task for task in asyncio.all_tasks() if task is not current]
     for task in rest:
         task.cancel()
-    await asyncio.gather(*rest, return_exceptions=True)
+    if rest:
+        _, running = await asyncio.wait(rest, timeout=CANCEL_WAIT_S)
+        if running:
+            logger.warning("%d task(s) ignored cancellation while the sync facade's loop closed", len(running))
 
 
 async def _run(off_loop: bool, function: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import guard.engine.guard as guard_module
 from guard.backends.fixture import FixtureBackend
 from guard.engine import Guard
 from guard.errors import (
@@ -952,3 +953,30 @@ def test_close_cancels_what_is_left_on_the_sync_facade_s_loop() -> None:
     assert guard.evaluate(post("x")).action == "allow"
     guard.close()
     assert [task.cancelled() for task in backend.left] == [True]
+
+
+class _IgnoresCancellation(ScriptedBackend):
+    """A call that swallows every cancellation and never ends."""
+
+    def __init__(self) -> None:
+        super().__init__(calm())
+
+    async def decide(self, request: SystemOneRequestV1, *, timeout: float | None = None) -> SystemOneResponseV1:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                pass
+
+
+def test_close_is_bounded_when_a_backend_ignores_cancellation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``close()`` waits for the calls still running and cancels what is left on the sync facade's loop, each wait
+    bounded: a backend swallowing ``CancelledError`` made it wait for ever."""
+    monkeypatch.setattr(guard_module, "CLOSE_WAIT_S", 0.3)
+    monkeypatch.setattr(guard_module, "CANCEL_WAIT_S", 0.3)
+    guard = Guard(http_policies(timeout_ms=200), backends=_IgnoresCancellation())
+    assert "timeout" in (guard.evaluate(post("x")).error or "")
+    closer = threading.Thread(target=guard.close, daemon=True)
+    closer.start()
+    closer.join(timeout=10)
+    assert not closer.is_alive()
