@@ -753,6 +753,31 @@ def _strings(state: Any, levels: int = JSON_LEVELS) -> list[str]:
     return out
 
 
+def json_state(value: Any) -> Any:
+    """``value`` as JSON holds it, so the model reads every string a Python caller put in it: a tuple as a list, a set
+    or a frozenset as a sorted list, ``bytes`` as its UTF-8 text (an undecodable byte as U+FFFD), a mapping key that
+    is a number, a boolean or ``None`` as JSON writes it, and any other value JSON cannot write (``Decimal``,
+    ``datetime``, ``UUID``) as its ``str()``. The text view read only strings, lists and dicts (a ``bytes`` value, a
+    tuple or a set holding an instruction was left out and answered "no"), and the JSON view raised ``TypeError`` on
+    ``bytes`` and sets.
+
+    Raises:
+        ValueError: a value that holds itself.
+        TypeError: a mapping key of another type (a tuple).
+    """
+    if isinstance(value, str):
+        return value
+    return json.loads(json.dumps(value, ensure_ascii=False, default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=lambda item: (type(item).__name__, str(item)))
+    return str(value)
+
+
 def _keys(value: Any) -> list[str]:
     """Every object key inside ``value`` (parsed JSON), each object's keys together: :func:`body_strings` leaves out
     keys that are plain identifiers, which a language model given the JSON text reads (``{"Ignore.all.previous": 1,
@@ -1152,6 +1177,7 @@ class CompactModel:
         Raises:
             TimeoutError: ``deadline`` (``time.monotonic()``) passed while the state was read (:meth:`stack_states`).
         """
+        request = request.override(state=json_state(request.state))
         if self.kind == "router":
             return self._route(request, confidence_profile)
         lines = _lines(request.state)  # the state's strings, read once for the text view and the identifier words
