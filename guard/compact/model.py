@@ -1187,9 +1187,7 @@ class CompactModel:
             view = CATALOG[question.id].view
             texts.setdefault(text_view if view == "text" else state_text(request.state, view), []).append(question)
         words = _identifier_words(lines)
-        competence = assess(text_view)
-        if competence.supported and words:  # words in another language spread over several identifier fields
-            competence = assess(words)
+        competence = _assess(text_view, words)
         answers: dict[str, AnswerV1] = {}
         tokens = dropped = windows_run = read = 0
 
@@ -1241,8 +1239,12 @@ class CompactModel:
             out = self.head(rows.unsqueeze(0), torch.ones(1, rows.shape[0], dtype=torch.bool))[0]
         answers = {q.id: answer_question(q, self.probabilities(q, out), confidence_profile=confidence_profile)
                    for q in request.questions}
+        lines = _lines(request.state)
+        competence = _assess(_text_view(lines), _identifier_words(lines))
         usage = CompactUsageV1(input_tokens=state.tokens - state.dropped + 2 * state.windows,
-                               state_tokens=state.tokens, state_tokens_dropped=state.dropped, windows=state.windows)
+                               state_tokens=state.tokens, state_tokens_dropped=state.dropped, windows=state.windows,
+                               out_of_competence=0 if competence.supported else 1,
+                               competence=_competence_label(competence))
         return CompactResponseV1(model=MODEL_NAME, answers=answers, usage=usage)
 
     # ---------------------------------------------------------------------------------------------------- save/load
@@ -1431,6 +1433,15 @@ def cap_safe(probabilities: list[float], question: QuestionV1, entry: CatalogQue
         else:
             out.append((1.0 - SAFE_CAP) * (p / rest if rest > 0 else 1.0 / (len(ids) - 1)))
     return out
+
+
+def _assess(text_view: str, words: str) -> Competence:
+    """The competence of a state's text view, or of its identifier words (:func:`identifier_words`) when the text
+    view is read: words in another language spread over several identifier fields."""
+    competence = assess(text_view)
+    if competence.supported and words:
+        competence = assess(words)
+    return competence
 
 
 def _competence_label(competence: Competence) -> str:

@@ -319,3 +319,29 @@ policies:
     async with Guard(load_text(policy.replace("ID ", "id: bank.intent, ")), backends=CompactBackend([router])) as g:
         verdict = await g.aevaluate(HttpSubject(method="POST", path="/", body={"q": "app crashes"}, body_text="x"))
     assert set(verdict.answers["intent"].probabilities) == {"billing", "tech"}
+
+
+@pytest.mark.anyio
+async def test_a_router_flags_text_it_cannot_read(backend: CompactBackend, tmp_path: Path) -> None:
+    from guard.compact.records import load_records
+    from guard.compact.train import TrainConfig, train
+    from tests.compact.conftest import write_jsonl
+
+    rows = [{"text": t, "label": "billing"} for t in ("refund my payment", "invoice is wrong", "charged twice")]
+    rows += [{"text": t, "label": "tech"} for t in ("app crashes", "cannot log in", "error on upload")]
+    records = load_records(write_jsonl(tmp_path / "r.jsonl", rows), question_id="support.queue")
+    router, _ = train(records, records, TrainConfig(kind="router", epochs=1, width=32, heads=2, feedforward=64,
+                                                    routing_layers=1), backend.models[0].encoder)
+    both = CompactBackend([router, *backend.models])
+    queue = {"support.queue": {"type": "choice", "instructions": "support.queue",
+                               "criteria": {"tech": "bugs", "billing": "money"}}}
+    russian = "Мое приложение постоянно падает, и с меня дважды списали деньги за подписку."
+    alone = await both.decide(_request(russian, **queue))  # a router alone answered with no flag
+    assert alone.usage.out_of_competence == 1 and alone.usage.competence == "language:ru"
+    english = await both.decide(_request("my app crashes and I was charged twice", **queue))
+    assert english.usage.out_of_competence == 0
+    # the router's part comes first: the merged usage named no reason
+    merged = await both.decide(_request(russian, **queue, **{"guard.prompt_injection": CATALOG[
+        "guard.prompt_injection"].to_json()}))
+    assert list(merged.answers) == ["support.queue", "guard.prompt_injection"]
+    assert merged.usage.out_of_competence == 1 and merged.usage.competence == "language:ru"
