@@ -51,8 +51,10 @@ policy rules) and never answers its "nothing to worry about" option with more th
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import re
+import time
 import unicodedata
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -161,8 +163,41 @@ def _identifier() -> Any:
     return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
 
 
-def assess(text: str) -> Competence:
-    """Whether the catalog model can read ``text`` (see the module docstring for the rules)."""
+#: The ``time.monotonic()`` value after which :func:`_rank` stops the check in progress (:func:`assess`).
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("guard_competence_deadline", default=None)
+
+
+def _rank(text: str) -> list[tuple[str, float]]:
+    """py3langid's ranking of ``text``, once the deadline of the :func:`assess` in progress has not passed.
+
+    Raises:
+        TimeoutError: it has.
+    """
+    deadline = _DEADLINE.get()
+    if deadline is not None and time.monotonic() >= deadline:
+        raise TimeoutError("the deadline passed while the compact model was reading the state's language")
+    ranked: list[tuple[str, float]] = _identifier().rank(text)
+    return ranked
+
+
+def assess(text: str, *, deadline: float | None = None) -> Competence:
+    """Whether the catalog model can read ``text`` (see the module docstring for the rules).
+
+    Args:
+        deadline: a ``time.monotonic()`` value checked before each py3langid call (a long text takes thousands: one
+            per sentence, line and window of words), so a check nobody waits for any more stops there.
+
+    Raises:
+        TimeoutError: ``deadline`` passed.
+    """
+    token = _DEADLINE.set(deadline)
+    try:
+        return _assess(text)
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _assess(text: str) -> Competence:
     prose = _MARKUP_RE.sub(" ", text)
     tokens = prose.split()
     if tokens:
@@ -179,7 +214,7 @@ def assess(text: str) -> Competence:
     other_script = latin * 2 < len(letters)
     if len(letters) < (MIN_OTHER_SCRIPT_LETTERS if other_script else MIN_LETTERS):
         return Competence(True)
-    ranked = dict(_identifier().rank(text))
+    ranked = dict(_rank(text))
     best = max(ranked, key=ranked.__getitem__)
     if other_script:
         return Competence(best in SUPPORTED_LANGUAGES, "" if best in SUPPORTED_LANGUAGES else "language", best)
@@ -265,7 +300,7 @@ def _segment_language(segment: str) -> str:
     other_script = _other_script(letters, OTHER_SCRIPT_SEGMENT_LETTERS)
     if len(letters) < _least_letters(segment) and not other_script:
         return ""
-    ranked = dict(_identifier().rank(segment))
+    ranked = dict(_rank(segment))
     best = max(ranked, key=ranked.__getitem__)
     if other_script:
         return "" if best in _NOT_ANOTHER_LANGUAGE else best
@@ -302,7 +337,7 @@ def _window_language(text: str) -> str:
         letters = sum(ch.isalpha() for ch in window)
         if letters < SEGMENT_LETTERS or english_share(ascii_words(window)) >= WINDOW_ENGLISH_SHARE:
             continue
-        window_ranked = dict(_identifier().rank(window))
+        window_ranked = dict(_rank(window))
         best = max(window_ranked, key=window_ranked.__getitem__)
         if _confidently_other(window_ranked, best, SEGMENT_CONFIDENCE, _NOT_ANOTHER_LANGUAGE, letters):
             return best

@@ -1175,11 +1175,12 @@ class CompactModel:
         """Answer every question of ``request`` (callers check support first, see the backend).
 
         Raises:
-            TimeoutError: ``deadline`` (``time.monotonic()``) passed while the state was read (:meth:`stack_states`).
+            TimeoutError: ``deadline`` (``time.monotonic()``) passed while the state was read (:meth:`stack_states`)
+                or its language checked (:func:`~guard.compact.competence.assess`).
         """
         request = request.override(state=json_state(request.state))
         if self.kind == "router":
-            return self._route(request, confidence_profile)
+            return self._route(request, confidence_profile, deadline)
         lines = _lines(request.state)  # the state's strings, read once for the text view and the identifier words
         text_view = _text_view(lines)
         texts: dict[str, list[QuestionV1]] = {}  # questions that read the same text share one encoder pass
@@ -1187,7 +1188,7 @@ class CompactModel:
             view = CATALOG[question.id].view
             texts.setdefault(text_view if view == "text" else state_text(request.state, view), []).append(question)
         words = _identifier_words(lines)
-        competence = _assess(text_view, words)
+        competence = _assess(text_view, words, deadline)
         answers: dict[str, AnswerV1] = {}
         tokens = dropped = windows_run = read = 0
 
@@ -1231,7 +1232,8 @@ class CompactModel:
         ordered = {q.id: answers[q.id] for q in request.questions}
         return CompactResponseV1(model=MODEL_NAME, answers=ordered, usage=usage)
 
-    def _route(self, request: SystemOneRequestV1, confidence_profile: ConfidenceProfile) -> CompactResponseV1:
+    def _route(self, request: SystemOneRequestV1, confidence_profile: ConfidenceProfile,
+               deadline: float | None = None) -> CompactResponseV1:
         assert isinstance(self.head, RouterHead)
         (state,) = self.encode_states([request.state])
         rows = pool_rows(state.states.float(), self.memory_pool)
@@ -1240,7 +1242,7 @@ class CompactModel:
         answers = {q.id: answer_question(q, self.probabilities(q, out), confidence_profile=confidence_profile)
                    for q in request.questions}
         lines = _lines(request.state)
-        competence = _assess(_text_view(lines), _identifier_words(lines))
+        competence = _assess(_text_view(lines), _identifier_words(lines), deadline)
         usage = CompactUsageV1(input_tokens=state.tokens - state.dropped + 2 * state.windows,
                                state_tokens=state.tokens, state_tokens_dropped=state.dropped, windows=state.windows,
                                out_of_competence=0 if competence.supported else 1,
@@ -1435,12 +1437,16 @@ def cap_safe(probabilities: list[float], question: QuestionV1, entry: CatalogQue
     return out
 
 
-def _assess(text_view: str, words: str) -> Competence:
+def _assess(text_view: str, words: str, deadline: float | None = None) -> Competence:
     """The competence of a state's text view, or of its identifier words (:func:`identifier_words`) when the text
-    view is read: words in another language spread over several identifier fields."""
-    competence = assess(text_view)
+    view is read: words in another language spread over several identifier fields.
+
+    Raises:
+        TimeoutError: ``deadline`` (``time.monotonic()``) passed.
+    """
+    competence = assess(text_view, deadline=deadline)
     if competence.supported and words:
-        competence = assess(words)
+        competence = assess(words, deadline=deadline)
     return competence
 
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from guard.compact.catalog import CATALOG
@@ -186,3 +188,27 @@ def test_a_capped_two_option_answer_is_exactly_one_half_when_the_softmax_sums_un
     probabilities = [0.24973989440488234, 0.7502601055951176]  # softmax of (0, 1.1): sums to 1 - 1.1e-16
     assert sum(probabilities) < 1.0
     assert cap_safe(probabilities, injection.to_question(), injection) == [0.5, 0.5]
+
+
+def test_a_passed_deadline_stops_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long text takes a py3langid call per sentence, line and window of words (108 kB of Latin words not in
+    English: 4,500 calls, 22 s on a loaded 2-core VM, while the compact model held its one compute thread past the
+    caller's deadline)."""
+    from guard.compact import competence
+
+    calls = []
+    identifier = competence._identifier()
+
+    class Counting:
+        def rank(self, text: str) -> list[tuple[str, float]]:
+            calls.append(text)
+            return identifier.rank(text)
+
+    monkeypatch.setattr(competence, "_identifier", lambda: Counting())
+    text = "alpha beta gamma delta epsilon zeta " * 200
+    assert assess(text).supported and len(calls) > 100
+    calls.clear()
+    with pytest.raises(TimeoutError):
+        assess(text, deadline=time.monotonic())
+    assert not calls
+    assert assess(text, deadline=time.monotonic() + 600).supported  # a deadline ahead changes nothing

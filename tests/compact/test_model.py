@@ -71,6 +71,8 @@ def test_a_passed_deadline_stops_the_reading_and_calls_of_many_windows_agree_wit
         tiny_model.answer(_request(text), deadline=time.monotonic() - 1)
     ids, mask, _, _ = tiny_model.encoder.window_batch(segments(tiny_model.encoder, text, sentences=True)[0])
     assert ids.shape[0] > compact_model.ROWS_PER_CALL
+    with pytest.raises(TimeoutError, match="deadline passed while the compact model was reading the state$"):
+        tiny_model.stack_states(ids, mask, deadline=time.monotonic() - 1)  # the language check stops first above
     split = tiny_model.stack_states(ids, mask)
     monkeypatch.setattr(compact_model, "ROWS_PER_CALL", 10**6)
     whole = tiny_model.stack_states(ids, mask)
