@@ -757,9 +757,10 @@ def json_state(value: Any) -> Any:
     """``value`` as JSON holds it, so the model reads every string a Python caller put in it: a tuple as a list, a set
     or a frozenset as a sorted list, ``bytes`` as its UTF-8 text (an undecodable byte as U+FFFD), a mapping key that
     is a number, a boolean or ``None`` as JSON writes it, and any other value JSON cannot write (``Decimal``,
-    ``datetime``, ``UUID``) as its ``str()``. The text view read only strings, lists and dicts (a ``bytes`` value, a
-    tuple or a set holding an instruction was left out and answered "no"), and the JSON view raised ``TypeError`` on
-    ``bytes`` and sets.
+    ``datetime``, ``UUID``) as its ``str()``; keys of one mapping that JSON writes alike (``1`` and ``"1"``) are all
+    kept, the second as ``"1 (2)"``, as the normaliser keeps them. The text view read only strings, lists and dicts
+    (a ``bytes`` value, a tuple or a set holding an instruction was left out and answered "no"), and the JSON view
+    raised ``TypeError`` on ``bytes`` and sets.
 
     Raises:
         ValueError: a value that holds itself.
@@ -767,7 +768,17 @@ def json_state(value: Any) -> Any:
     """
     if isinstance(value, str):
         return value
-    return json.loads(json.dumps(value, ensure_ascii=False, default=_json_default))
+    return json.loads(json.dumps(value, ensure_ascii=False, default=_json_default), object_pairs_hook=_all_pairs)
+
+
+def _all_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    from guard.policy.normalize import unique_key
+
+    out: dict[str, Any] = {}
+    seen: dict[Any, int] = {}
+    for key, value in pairs:
+        out[unique_key(key, out, seen)] = value
+    return out
 
 
 def _json_default(value: Any) -> Any:

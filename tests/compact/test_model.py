@@ -477,3 +477,7 @@ def test_python_values_json_cannot_hold_are_read_as_their_text(tiny_model: Compa
     assert answer({"result": [attack.encode()]}) == pytest.approx(read)
     assert answer({"result": attack}) == pytest.approx(answer({"result": bytearray(attack.encode())}))
     assert compact_model.json_state({1: b"\xff", "d": Decimal("1.5")}) == {"1": "\ufffd", "d": "1.5"}
+    # keys JSON writes alike were one key, the last value kept: the attack under 1 was dropped
+    assert compact_model.json_state({1: attack, "1": "hello"}) == {"1": attack, "1 (2)": "hello"}
+    assert compact_model.json_state({None: "a", "null": "b", True: "c", "true": "d"}) == {
+        "null": "a", "null (2)": "b", "true": "c", "true (2)": "d"}
