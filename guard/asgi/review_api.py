@@ -59,7 +59,8 @@ Errors are ``{code, message, field}``: 404 ``review_not_found``, 409 ``review_co
 answer an approval or rejection sent to it and could not tell after whether it was made: read the item's status; a
 change whose answer was lost but which a read shows made is answered and recorded as made), 400
 ``invalid_parameter``, 400 ``repeated_header``, 401 ``unauthorized``, 403 ``loopback_only``, 413 ``body_too_large``,
-415 ``unsupported_media_type``, 429 ``rate_limited``. Releasing an approved item is the client's step
+415 ``unsupported_media_type``, 429 ``rate_limited``. Every answer carries ``Cache-Control: no-store`` and
+``X-Content-Type-Options: nosniff``. Releasing an approved item is the client's step
 (``guard/asgi/_reviews.py``) or the agent's (``guard.asgi.review_store.ReviewStore.release``).
 """
 
@@ -148,8 +149,17 @@ def _listed(item: ReviewItem) -> dict[str, Any]:
     return out
 
 
+#: Sent with every answer: items carry held requests (bodies, queries, headers), so no browser or proxy cache keeps
+#: them, and no browser reads one as anything but JSON.
+_NO_STORE = {"cache-control": "no-store", "x-content-type-options": "nosniff"}
+
+
+def _json(content: Any, status_code: int = 200) -> JSONResponse:
+    return JSONResponse(content, status_code=status_code, headers=_NO_STORE)
+
+
 def _error(http_status: int, code: str, message: str, field: str | None = None, **extra: Any) -> JSONResponse:
-    return JSONResponse({"code": code, "message": message, "field": field, **extra}, status_code=http_status)
+    return _json({"code": code, "message": message, "field": field, **extra}, http_status)
 
 
 def _review_error(exc: ReviewError) -> JSONResponse:
@@ -355,7 +365,7 @@ class _Api:
                                                 limit=limit, tenants=self._tenants.get(who))
         except ReviewError as exc:
             return _review_error(exc)
-        return JSONResponse({"items": [_listed(item) for item in items], "count": len(items)})
+        return _json({"items": [_listed(item) for item in items], "count": len(items)})
 
     async def get(self, request: Request) -> JSONResponse:
         if isinstance(who := self._reviewer(request), JSONResponse):
@@ -364,7 +374,7 @@ class _Api:
             item = await self._item(who, request.path_params["review_id"])
         except ReviewError as exc:
             return _review_error(exc)
-        return JSONResponse(item.to_json())
+        return _json(item.to_json())
 
     async def _decision(self, request: Request, *, approve: bool) -> tuple[str | None, bool] | JSONResponse:
         """The decision body's ``note`` and, for an approval, ``accept_unseen_body`` (default ``False``); or the
@@ -432,7 +442,7 @@ class _Api:
             "approved" if approve else "rejected", item.decision_id, item.id, who, tenant=item.tenant,
             policy_id=item.policy_id, policy_version=item.policy_version, note=note,
             accept_unseen_body=accept_unseen_body if approve else None))
-        return JSONResponse(item.to_json())
+        return _json(item.to_json())
 
 
 def review_routes(

@@ -285,3 +285,26 @@ async def test_a_decision_body_must_be_json(make_guard: GuardFactory, insecure_l
     assert pending == "pending"
     assert json_note.status_code == 200 and json_note.json()["note"] == "ok"
     assert empty.status_code == 200 and empty.json()["status"] == "rejected"
+
+
+async def test_every_answer_is_not_stored_and_not_sniffed(make_guard: GuardFactory) -> None:
+    """Items carry held requests: the list, an item, a decision and every error are sent with ``no-store`` and
+    ``nosniff``, so no browser or proxy cache keeps them and no browser reads one as HTML."""
+    store = MemoryReviewStore()
+    bob = {"authorization": f"Bearer {REVIEWERS['bob']}"}
+    async with client_for(_app(make_guard(), store, reviewers=REVIEWERS)) as client:
+        held = (await client.post("/v1/echo", content=UNSURE, headers=CLIENT)).json()
+        item = f"/admin/reviews/{held['review_id']}"
+        answers = [
+            await client.get("/admin/reviews/", headers=bob),
+            await client.get(item, headers=bob),
+            await client.post(f"{item}/reject", headers=bob),
+            await client.post(f"{item}/reject", headers=bob),  # 409
+            await client.get(item),  # 401
+            await client.get("/admin/reviews/rv_x/nowhere", headers=bob),  # the router's 404
+        ]
+    assert [a.status_code for a in answers] == [200, 200, 200, 409, 401, 404]
+    for answer in answers:
+        assert answer.headers["content-type"] == "application/json"
+        assert answer.headers["cache-control"] == "no-store", answer.request.url
+        assert answer.headers["x-content-type-options"] == "nosniff", answer.request.url
