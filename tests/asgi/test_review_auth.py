@@ -5,7 +5,10 @@ test's event loop), against the in-memory store and a real Redis."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -308,3 +311,19 @@ async def test_every_answer_is_not_stored_and_not_sniffed(make_guard: GuardFacto
         assert answer.headers["content-type"] == "application/json"
         assert answer.headers["cache-control"] == "no-store", answer.request.url
         assert answer.headers["x-content-type-options"] == "nosniff", answer.request.url
+
+
+async def test_the_console_runs_only_its_own_script_and_is_never_framed() -> None:
+    """The console's CSP allows its one inline script by hash, not every inline script (so text that reached the page
+    as HTML could not run), and framing is refused by ``frame-ancestors`` and ``X-Frame-Options`` alike."""
+    app = review_app(MemoryReviewStore(), reviewers=REVIEWERS)
+    async with client_for(app) as client:
+        page = await client.get("/console")
+    (script,) = re.findall(r"<script>(.*?)</script>", page.text, re.DOTALL)
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    policy = dict(part.strip().split(" ", 1) for part in page.headers["content-security-policy"].split(";"))
+    assert policy["script-src"] == f"'sha256-{digest}'"
+    assert policy["default-src"] == "'none'" and policy["frame-ancestors"] == "'none'"
+    assert page.headers["x-frame-options"] == "DENY"
+    assert page.headers["referrer-policy"] == "no-referrer"
+    assert page.headers["x-content-type-options"] == "nosniff" and page.headers["cache-control"] == "no-store"
