@@ -7,7 +7,8 @@ item held before items showed their body) is approved only once the reviewer tic
 (``accept_unseen_body``), and one whose listing carries a preview of its body only once the reviewer has loaded the
 whole body (``GET /{id}``). The list is refreshed every 5 s, drawing only the items that are new or changed, so the
 reviewer's tick, note and scroll position stay. Body and state text are untrusted: the page writes them with
-``textContent`` only, never as HTML.
+``textContent`` only, never as HTML, and state text with its invisible and format characters (bidi controls,
+zero-width characters) as ``\\u202e`` escapes, as the held body shows them.
 """
 
 from __future__ import annotations
