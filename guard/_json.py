@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from guard.errors import InvalidJson
 
 __all__ = ["DEFAULT_MAX_DEPTH", "JSON_LEVELS", "DuplicateKeys", "Repeated", "dumps", "is_json_media", "json_offsets",
-           "json_readings", "json_strings", "json_unescaped", "loads"]
+           "json_readings", "json_strings", "json_unescaped", "loads", "unique_key"]
 
 def is_json_media(media: str) -> bool:
     """Whether a media type (lower-case, without parameters) is JSON: ``application/json`` or any structured
@@ -379,3 +379,16 @@ def json_readings(text: str, *, piece: bool = False) -> list[Any]:
     if unread:
         out.append(json_unescaped("\n".join(unread)))
     return out
+
+
+def unique_key(name: Any, out: Mapping[Any, Any], seen: dict[Any, int]) -> Any:
+    """The key to keep a value under in ``out``, a map being rebuilt with its keys changed: ``name``, or where
+    ``out`` holds it already, ``"name (n)"`` for the n-th key to become ``name`` (the first such text ``out`` does not
+    hold). ``seen`` maps each name to how many keys became it so far; this updates it."""
+    if name not in out:
+        return name
+    n = seen.get(name, 1)
+    while f"{name} ({n + 1})" in out:
+        n += 1
+    seen[name] = n + 1
+    return f"{name} ({n + 1})"

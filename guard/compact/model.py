@@ -43,7 +43,7 @@ from urllib.parse import unquote_plus
 import torch
 
 from guard._english import english_words
-from guard._json import JSON_LEVELS, json_readings, loads
+from guard._json import JSON_LEVELS, json_readings, loads, unique_key
 from guard._readable import base64_bytes, readable
 from guard.clef.encoding import render
 from guard.clef.head import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, JointHeadConfig
@@ -772,8 +772,6 @@ def json_state(value: Any) -> Any:
 
 
 def _all_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    from guard.policy.normalize import unique_key
-
     out: dict[str, Any] = {}
     seen: dict[Any, int] = {}
     for key, value in pairs:

@@ -121,7 +121,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, unquote_plus
 
-from guard._json import surrogates_joined
+from guard._json import surrogates_joined, unique_key
 from guard._readable import readable
 from guard._urls import percent_u_decoded
 from guard.policy._scrambled import readings, rot13_reading
@@ -138,7 +138,6 @@ __all__ = [
     "normalize_text",
     "normalize_value",
     "remove_ignorable",
-    "unique_key",
 ]
 
 #: Flags :func:`normalize_text` can raise; each is ``0`` when absent.
@@ -789,19 +788,6 @@ def normalize_text(text: str) -> Normalized:
     """
     counts: dict[str, int] = {}
     return Normalized(_normalize(text, counts, 0), counts)
-
-
-def unique_key(name: Any, out: Mapping[Any, Any], seen: dict[Any, int]) -> Any:
-    """The key to keep a value under in ``out``, a map being rebuilt with its keys changed: ``name``, or where
-    ``out`` holds it already, ``"name (n)"`` for the n-th key to become ``name`` (the first such text ``out`` does not
-    hold). ``seen`` maps each name to how many keys became it so far; this updates it."""
-    if name not in out:
-        return name
-    n = seen.get(name, 1)
-    while f"{name} ({n + 1})" in out:
-        n += 1
-    seen[name] = n + 1
-    return f"{name} ({n + 1})"
 
 
 def normalize_value(value: Any) -> Normalized:

@@ -46,12 +46,11 @@ from typing import Any, get_args
 import cel
 
 from guard._headers import host_name, media_type
-from guard._json import surrogates_joined
+from guard._json import surrogates_joined, unique_key
 from guard.errors import GuardError
 from guard.policy import payloads, skeleton
 from guard.policy._re2 import CANDIDATE_MAX_MEM, Pattern, compile_re2, matcher
 from guard.policy.normalize import FLAG_NAMES as NORMALIZE_FLAG_NAMES
-from guard.policy.normalize import unique_key
 from guard.policy.redact import Redactor
 from guard.subject import AgentEvent, ToolEffect
 from guard.systemone import AnswerV1, QuestionType, QuestionV1, shown_id
