@@ -262,3 +262,23 @@ async def test_redis_items_keep_no_secrets_in_clear_and_still_release(make_guard
     assert released.status_code == 200 and released.json()["sha256"] == sha(body)
     assert released.json()["query"] == "access_token=tok-in-query-5566"
     assert after[b"request"] == b"" and after[b"status"] == b"released"  # the held request is gone once released
+
+
+async def test_tenants_behind_one_address_have_review_caps_of_their_own(make_guard: GuardFactory) -> None:
+    """Behind the gateway that sets the tenant header every request has its address: one tenant's pending items
+    filled the per-client cap and every other tenant's escalation got 429 (attack finding). Each tenant at an
+    address is counted apart; a request without a tenant still counts against the address."""
+    store = MemoryReviewStore(max_pending_per_client=2)
+    app = Starlette(routes=echo_routes(), middleware=[
+        Middleware(GuardMiddleware, guard=make_guard(), review_store=store, tenant_header="x-tenant")])
+    async with client_for(app) as client:
+        async def post(**headers: str) -> int:
+            response = await client.post("/v1/echo", content=UNSURE,
+                                         headers={"content-type": "application/json", **headers})
+            return response.status_code
+
+        acme = [await post(**{"x-tenant": "acme"}) for _ in range(3)]
+        globex = [await post(**{"x-tenant": "globex"}) for _ in range(2)]
+        untenanted = [await post() for _ in range(3)]
+    assert acme == [202, 202, 429] and globex == [202, 202] and untenanted == [202, 202, 429]
+    assert {item.tenant for item in await store.list_items()} == {"acme", "globex", None}
