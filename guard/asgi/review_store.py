@@ -33,6 +33,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import re
 import secrets
 import time
@@ -235,8 +236,8 @@ async def _built_item(verdict: Verdict, **kwargs: Any) -> tuple[ReviewItem, str]
 
 
 def _check_ttl(ttl_s: float) -> float:
-    if not ttl_s > 0:
-        raise ValueError(f"ttl_s is {ttl_s}; it must be a positive number of seconds")
+    if not (ttl_s > 0 and math.isfinite(ttl_s)):
+        raise ValueError(f"ttl_s is {ttl_s}; it must be a positive, finite number of seconds")
     return float(ttl_s)
 
 
