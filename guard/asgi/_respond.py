@@ -554,7 +554,7 @@ class ResponseJudge:
             self.deltas.mark(self.sent_chars)
         # the chunks wholly sent are forgotten; the one the unsent text begins in is kept
         del self.arrivals[:max(bisect.bisect_right(self.arrivals, (self.sent_chars, math.inf)) - 1, 0)]
-        self.tail = sent[-self.limits.stream_overlap_bytes:]
+        self.tail = sent[max(len(sent) - self.limits.stream_overlap_bytes, 0):]  # none with an overlap of 0
         self.held = text[end:]
         self.held_bytes = len(self.held.encode("utf-8"))
         # the next full window waits for half a window of new bytes, or as many as are held if that is more: events

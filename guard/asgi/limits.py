@@ -95,7 +95,8 @@ class BodyLimits:
             ``body_timeout`` after (a stalled near-limit body is not held indefinitely).
         max_response_bytes: most bytes of a whole upstream response read for a response policy; 502 above.
         stream_window_bytes: most bytes of a streamed response (SSE, chunked) held back before judging.
-        stream_overlap_bytes: bytes judged twice across consecutive windows (below ``stream_window_bytes``).
+        stream_overlap_bytes: bytes judged twice across consecutive windows (0 or more, below
+            ``stream_window_bytes``).
         stream_flush_s: seconds after which held-back stream bytes are judged and sent on without waiting for the
             window to fill (a slow token stream); ``None``: only a full window or the end of the stream does.
         stream_hold_chars: characters at the end of a stream's joined text (the pieces an LLM API streams at one
@@ -147,6 +148,11 @@ class BodyLimits:
                 f"BodyLimits.max_decoded_bytes ({self.max_decoded_bytes}) is below max_body_bytes "
                 f"({self.max_body_bytes}); a plain body could never be inspected"
             )
+        window, overlap = self.stream_window_bytes, self.stream_overlap_bytes
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"BodyLimits.stream_window_bytes is {window!r}; it must be a positive integer")
+        if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 0:
+            raise ValueError(f"BodyLimits.stream_overlap_bytes is {overlap!r}; it must be a non-negative integer")
         if self.stream_overlap_bytes >= self.stream_window_bytes:
             raise ValueError(
                 f"BodyLimits.stream_overlap_bytes ({self.stream_overlap_bytes}) must be below stream_window_bytes "

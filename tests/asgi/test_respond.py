@@ -1161,3 +1161,46 @@ async def test_trailers_of_a_watched_response_are_dropped_and_not_announced(earl
     await guard.aclose()
     assert {m["type"] for m in seen[1:]} == {"http.response.body"} and seen[0]["type"] == "http.response.start"
     assert not seen[0].get("trailers") and b"".join(m["body"] for m in seen[1:]) == b"hello"
+
+
+PAIR_POLICY = r"""
+policies:
+  - id: pair
+    version: 1
+    match: {http: {paths: ["/out/**"], response: {}}}
+    state: {text: body_text}
+    rules:
+      - {id: both, when: 'state.text.contains("ALPHA") && state.text.contains("OMEGA")', action: block}
+"""
+
+
+@pytest.mark.anyio
+async def test_a_stream_overlap_of_zero_judges_each_window_alone() -> None:
+    """With ``stream_overlap_bytes=0`` the tail kept for the next window was ``sent[-0:]``, everything sent so far: every
+    window judged the whole stream again (its memory and judging growing with the stream), and two words eight windows
+    apart stopped it. Now no sent text is judged again."""
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"ALPHA" + b"." * 59
+        for _ in range(5):
+            yield b"." * 64
+        yield b"OMEGA" + b"." * 59
+
+    async def stream(request: Request) -> Response:
+        return StreamingResponse(chunks(), media_type="text/plain")
+
+    limits = BodyLimits(stream_window_bytes=64, stream_overlap_bytes=0, stream_flush_s=None, stream_hold_chars=0)
+    guard, app = rules_only(PAIR_POLICY, [Route("/out/x", stream)], limits=limits)
+    async with client_for(app) as client:
+        response = await client.get("/out/x")
+    assert response.status_code == 200 and len(response.content) == 7 * 64 and "OMEGA" in response.text
+    await guard.aclose()
+
+
+@pytest.mark.parametrize(("limits", "reason"), [
+    ({"stream_overlap_bytes": -1}, "stream_overlap_bytes is -1; it must be a non-negative integer"),
+    ({"stream_window_bytes": 0, "stream_overlap_bytes": -1}, "stream_window_bytes is 0; it must be a positive"),
+    ({"stream_window_bytes": True, "stream_overlap_bytes": 0}, "stream_window_bytes is True"),
+])  # fmt: skip
+def test_the_stream_window_limits_are_checked(limits: dict[str, Any], reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        BodyLimits(**limits)
