@@ -55,6 +55,7 @@ from guard.asgi._responses import (
     REVIEW_OUTCOME_UNKNOWN,
     REVIEW_UNAVAILABLE,
     HeaderList,
+    retry_after_value,
     send_json,
     verdict_headers,
 )
@@ -264,7 +265,7 @@ async def hold(
     except ReviewQuotaExceeded as exc:
         mw.metrics.count_review("client_quota")
         await send_json(send, 429, {"code": "review_quota_exceeded", "message": str(exc), "review_id": None},
-                        [*headers, (b"retry-after", str(int(exc.retry_after)).encode())])
+                        [*headers, (b"retry-after", retry_after_value(exc.retry_after))])
         return
     except ReviewStoreUnavailable as exc:
         mw.metrics.count_review("store_unavailable")

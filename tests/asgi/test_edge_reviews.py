@@ -5,6 +5,7 @@ policy read, the per-client cap on pending items, and what a Redis review item k
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -282,3 +283,16 @@ async def test_tenants_behind_one_address_have_review_caps_of_their_own(make_gua
         untenanted = [await post() for _ in range(3)]
     assert acme == [202, 202, 429] and globex == [202, 202] and untenanted == [202, 202, 429]
     assert {item.tenant for item in await store.list_items()} == {"acme", "globex", None}
+
+
+async def test_the_review_cap_retry_after_is_rounded_up(make_guard: GuardFactory) -> None:
+    """Retry-After of a client over its cap was the seconds until its oldest item expires rounded down: a client that
+    waited that long was refused again. Now it is rounded up."""
+    store = MemoryReviewStore(ttl_s=1.9, max_pending_per_client=1)
+    app = Starlette(routes=echo_routes(), middleware=[
+        Middleware(GuardMiddleware, guard=make_guard(), review_store=store)])
+    async with client_for(app) as client:
+        held = await client.post("/v1/echo", content=UNSURE, headers={"content-type": "application/json"})
+        refused = await client.post("/v1/echo", content=UNSURE, headers={"content-type": "application/json"})
+    left = held.json()["expires_at"] - time.time()  # seconds the client must still wait
+    assert held.status_code == 202 and refused.status_code == 429 and int(refused.headers["retry-after"]) >= left
