@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import json
 import logging
 import secrets
 from collections.abc import Sequence
@@ -224,16 +223,6 @@ async def _review_error(send: Send, exc: ReviewError, headers: Sequence[tuple[by
                         [*headers, (b"retry-after", str(STORE_RETRY_AFTER_S).encode())])
 
 
-def quota_client(client: str | None, tenant: str | None) -> str | None:
-    """Whom a held item counts against (the per-client caps): the client's :func:`client_key`, and with a tenant
-    the pair ``["tenant", "key"]`` as JSON, so that tenants behind one address (a gateway, a NAT) have caps of their
-    own; ``None`` without a client address."""
-    if not client:
-        return None
-    key = client_key(client)
-    return key if tenant is None else json.dumps([tenant, key], ensure_ascii=False)
-
-
 def _urls(mw: ReviewHost, scope: Scope, review_id: str) -> tuple[str, str]:
     status_url = f"{scope.get('root_path', '')}{mw.review_path}/{review_id}"
     return status_url, f"{status_url}/release"
@@ -261,7 +250,7 @@ async def hold(
         summary = await asyncio.to_thread(subject_summary, subject, body, tenant)
         item = await mw.review_store.create(verdict, subject=summary, digest=digest,
                                             request=request, tenant=tenant,
-                                            client=quota_client(subject.client, tenant))
+                                            client=client_key(subject.client) if subject.client else None)
     except ReviewQuotaExceeded as exc:
         mw.metrics.count_review("client_quota")
         await send_json(send, 429, {"code": "review_quota_exceeded", "message": str(exc), "review_id": None},

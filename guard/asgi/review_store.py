@@ -136,7 +136,8 @@ class ReviewItem:
             ``redacted`` mode removes them (``guard.engine.telemetry.redact_secrets``).
         tenant: the tenant the held request belongs to (``GuardMiddleware(tenant_header=...)``), or ``None``;
             reviewers scoped to tenants see only their tenants' items.
-        client: who sent it (the subject's client), counted against the per-client cap on pending items.
+        client: who sent it (the subject's client), counted against the per-client caps; with a tenant, each
+            tenant at a client is counted apart (:func:`_counted_as`).
         answers: each question's answer (``AnswerV1.to_json()`` plus every option's probability).
         digest: SHA-256 of the held content; a release must present the same digest.
         request: what is needed to replay the held content (HTTP: method, path, query, headers, body); ``None``
@@ -187,6 +188,20 @@ class ReviewItem:
             "created_at": self.created_at,
             "expires_at": self.expires_at,
         }
+
+
+def _quota_key(tenant: str | None, client: str | None) -> str | None:
+    """Whom an item counts against (the per-client caps): ``client``, and with a tenant the pair
+    ``["tenant", "client"]`` as JSON, so tenants behind one address (a gateway, a NAT) have caps of their own;
+    ``None`` without a client."""
+    if client is None or tenant is None:
+        return client
+    return json.dumps([tenant, client], ensure_ascii=False)
+
+
+def _counted_as(item: ReviewItem) -> str | None:
+    """Whom ``item`` counts against (:func:`_quota_key`)."""
+    return _quota_key(item.tenant, item.client)
 
 
 def _redacted_state(state: Any) -> Any:
@@ -305,7 +320,7 @@ class ReviewStore(Protocol):
         tenant: str | None = None, client: str | None = None,
     ) -> ReviewItem:
         """Store a new ``pending`` item for ``verdict`` and return it. Raises ReviewQuotaExceeded when ``client``
-        already has ``max_pending_per_client`` pending items."""
+        (with a ``tenant``, that tenant at ``client``) already has ``max_pending_per_client`` pending items."""
         ...
 
     async def get(self, review_id: str) -> ReviewItem:
@@ -412,24 +427,26 @@ class MemoryReviewStore:
 
     def _unpend(self, item: ReviewItem) -> None:
         """Forget ``item`` in its client's pending list (decided or expired)."""
-        if item.client is None or item.status != "pending":
+        quota = _counted_as(item)
+        if quota is None or item.status != "pending":
             return
-        mine = self._pending.get(item.client, [])
-        self._pending[item.client] = [i for i in mine if i.id != item.id]
-        if not self._pending[item.client]:
-            del self._pending[item.client]
+        mine = self._pending.get(quota, [])
+        self._pending[quota] = [i for i in mine if i.id != item.id]
+        if not self._pending[quota]:
+            del self._pending[quota]
 
     def _count(self, item: ReviewItem, delta: int, *, store: bool = True) -> None:
         """Add ``delta`` bytes (negative: freed) to the store's (unless not ``store``) and, unless ``item`` was
         decided (rejected or released), its client's held bytes."""
         if store:
             self.held_bytes += delta
-        if item.client is not None and item.id not in self._decided:
-            left = self._client_bytes.get(item.client, 0) + delta
+        quota = _counted_as(item)
+        if quota is not None and item.id not in self._decided:
+            left = self._client_bytes.get(quota, 0) + delta
             if left:
-                self._client_bytes[item.client] = left
+                self._client_bytes[quota] = left
             else:
-                self._client_bytes.pop(item.client, None)
+                self._client_bytes.pop(quota, None)
 
     def _drop(self, key: str) -> None:
         item = self._items.pop(key, None)
@@ -468,16 +485,18 @@ class MemoryReviewStore:
         item, view = await _built_item(verdict, subject=subject, digest=digest, request=request, ttl_s=self.ttl_s,
                                        tenant=tenant, client=client)
         # checked once built, with no await before the item is kept: concurrent creates cannot both pass the quota
-        self._check_quota(client)
+        quota = _quota_key(tenant, client)
+        self._check_quota(quota)
         sizes = _item_bytes(view, _request_json(request) if request is not None else None)
         size = sum(sizes)
         if (len(self._items) >= self.max_items or self.held_bytes + size > self.max_bytes
-                or self._client_bytes_over(client, size)):
+                or self._client_bytes_over(quota, size)):
             self._purge()
-        if client is not None and self._client_bytes_over(client, size):
+        if quota is not None and self._client_bytes_over(quota, size):
             now = time.time()
-            first = min((i.expires_at for i in self._items.values() if i.client == client), default=now + self.ttl_s)
-            raise _bytes_quota(self._client_bytes.get(client, 0), self.max_bytes_per_client, size, first - now)
+            first = min((i.expires_at for i in self._items.values() if _counted_as(i) == quota),
+                        default=now + self.ttl_s)
+            raise _bytes_quota(self._client_bytes.get(quota, 0), self.max_bytes_per_client, size, first - now)
         if len(self._items) >= self.max_items or self.held_bytes + size > self.max_bytes:
             full = (f"the in-memory review store holds {len(self._items)} items, its limit {self.max_items}"
                     if len(self._items) >= self.max_items else _store_full(self.held_bytes, self.max_bytes, size))
@@ -487,8 +506,8 @@ class MemoryReviewStore:
         self._items[item.id] = item
         self._sizes[item.id] = sizes
         self._count(item, size)
-        if client is not None:
-            self._pending.setdefault(client, []).append(item)
+        if quota is not None:
+            self._pending.setdefault(quota, []).append(item)
         return item
 
     async def get(self, review_id: str) -> ReviewItem:
@@ -561,7 +580,8 @@ class RedisReviewStore:
     """A review store in Redis, shared by every replica: one hash per item with a TTL; per status an index of its
     items by expiry (``<prefix>index:<status>``, and ``<prefix>index:<status>:<sha256 of the tenant>`` for an item
     with a tenant), moved with the status in the transition script, so a listing reads only the items it returns;
-    and per client the ids of its pending items (``<prefix>pending:<sha256 of the client>``, for the per-client cap).
+    and per client (per tenant and client with a tenant) the ids of its pending items
+    (``<prefix>pending:<sha256 of the client>``, for the per-client cap).
     The byte budgets are kept beside them, the store's and each client's: the live items by expiry
     (``<prefix>bytes``, ``<prefix>bytes:<sha256 of the client>``) and their bytes with the total (the same key with
     ``:sizes``). A Lua script sweeps the expired entries, checks and counts a new item in one step, so replicas
@@ -945,8 +965,9 @@ return {0}
     ) -> ReviewItem:
         item, core = await _built_item(verdict, subject=subject, digest=digest, request=request, ttl_s=self.ttl_s,
                                        tenant=tenant, client=client)
-        if client is not None:
-            await self._reserve(client, item)
+        quota = _quota_key(tenant, client)
+        if quota is not None:
+            await self._reserve(quota, item)
         key = self._key(item.id)
         held = self._sealer.encrypt(key, _request_json(request).encode()) if request is not None else None
         try:
@@ -972,7 +993,7 @@ return {0}
         try:  # a failure names no id (NEW_ITEM): the item was not stored, or not whole, so no answer may name it
             await self._owned(NEW_ITEM, indexes, write)
         except ReviewStoreUnavailable:
-            await self._give_back(item, self._budget_keys(client))
+            await self._give_back(item, self._budget_keys(quota))
             raise
         return item
 
@@ -983,7 +1004,7 @@ return {0}
             ReviewQuotaExceeded: the client's budget has no room for it.
             ReviewStoreUnavailable: the store's budget has no room for it (fail closed), or Redis failed.
         """
-        keys, now = self._budget_keys(item.client), time.time()
+        keys, now = self._budget_keys(_counted_as(item)), time.time()
         reply = await self._owned(NEW_ITEM, keys, lambda: self._client.execute_command(
             "EVAL", self.HOLD_SCRIPT, len(keys), *keys, repr(now), item.id, size, repr(item.expires_at),
             self.max_bytes, self.max_bytes_per_client, **_AS_BYTES))
@@ -999,8 +1020,8 @@ return {0}
         bytes in ``budgets`` (:meth:`_budget_keys`). When Redis cannot take them back now, they are freed when
         their entries expire."""
         pipe = self._client.pipeline(transaction=False)
-        if item.client is not None:
-            pipe.zrem(self._pending_key(item.client), item.id)
+        if (quota := _counted_as(item)) is not None:
+            pipe.zrem(self._pending_key(quota), item.id)
         if budgets:
             pipe.execute_command("EVAL", self.GIVE_BACK_SCRIPT, len(budgets), *budgets, item.id)
         if len(pipe):
@@ -1190,9 +1211,10 @@ return {0}
                    for x in (old, new)]
         # the client's pending slot is freed in the same step (KEYS[2]; the item's own key when there is none), and
         # so are the request's bytes when it is deleted
-        pending = self._pending_key(held.client) if need == "pending" and held.client is not None else key
-        budgets = self._budget_keys(held.client)
-        if held.client is None:
+        quota = _counted_as(held)
+        pending = self._pending_key(quota) if need == "pending" and quota is not None else key
+        budgets = self._budget_keys(quota)
+        if quota is None:
             budgets += budgets  # the script's client budget: the store's again, counted once
         freed = len(texts[5] or "") if changes.get("request") == "" else 0
         keys = [key, pending, *budgets, *indexes]

@@ -556,3 +556,25 @@ async def test_a_new_items_state_is_redacted_off_the_event_loop(
     item = await store.create(verdict, subject={"method": "POST", "path": "/v1/chat"}, digest=digest_of(b"x"))
     assert where == [False]
     assert "hunter2-correct" not in str((await store.get(item.id)).state)
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+async def test_each_tenant_at_one_client_has_caps_of_its_own_and_the_item_keeps_the_client(
+    kind: str, create_redis: Any
+) -> None:
+    """Tenants behind one address (a gateway) are counted apart against the per-client caps, a decision frees the
+    slot of its tenant, and the item's ``client`` stays the address reviewers read."""
+    store: ReviewStore = (MemoryReviewStore(max_pending_per_client=1) if kind == "memory" else
+                          RedisReviewStore(create_redis(), prefix=create_redis.prefix, max_pending_per_client=1))
+
+    async def hold(tenant: str | None) -> Any:
+        return await store.create(_verdict(), subject={}, digest="x", tenant=tenant, client="10.0.0.7")
+
+    acme, globex, untenanted = await hold("acme"), await hold("globex"), await hold(None)
+    with pytest.raises(ReviewQuotaExceeded):
+        await hold("acme")
+    await store.reject(acme.id, by="alice")
+    assert (await hold("acme")).status == "pending"
+    assert {item.client for item in (acme, globex, untenanted)} == {"10.0.0.7"}
+    assert {item.client for item in await store.list_items()} == {"10.0.0.7"}
+    await store.aclose()
