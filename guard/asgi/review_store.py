@@ -33,7 +33,6 @@ import hashlib
 import itertools
 import json
 import logging
-import math
 import re
 import secrets
 import time
@@ -250,9 +249,15 @@ async def _built_item(verdict: Verdict, **kwargs: Any) -> tuple[ReviewItem, str]
     return await asyncio.to_thread(build)
 
 
+#: The longest item lifetime, seconds (ten years): a longer one (1e300) is past the expiry Redis can set, and every
+#: escalation to a Redis store would fail.
+_MAX_TTL_S = 10 * 365 * 24 * 3600.0
+
+
 def _check_ttl(ttl_s: float) -> float:
-    if not (ttl_s > 0 and math.isfinite(ttl_s)):
-        raise ValueError(f"ttl_s is {ttl_s}; it must be a positive, finite number of seconds")
+    if not 0 < ttl_s <= _MAX_TTL_S:
+        raise ValueError(f"ttl_s is {ttl_s}; it must be a positive number of seconds, at most {_MAX_TTL_S:.0f} "
+                         "(ten years)")
     return float(ttl_s)
 
 

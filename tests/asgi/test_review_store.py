@@ -299,9 +299,13 @@ async def test_memory_store_full_fails_closed() -> None:
 def test_config_is_validated() -> None:
     with pytest.raises(ValueError, match="ttl_s is 0"):
         MemoryReviewStore(ttl_s=0)
-    for endless in (float("inf"), float("nan")):  # inf was taken: the first 429 over a client's cap then raised
-        with pytest.raises(ValueError, match="positive, finite"):
+    # inf was taken: the first 429 over a client's cap then raised; 1e300 failed every escalation to a Redis store
+    for endless in (float("inf"), float("nan"), 1e300):
+        with pytest.raises(ValueError, match="at most 315360000"):
             MemoryReviewStore(ttl_s=endless)
+        with pytest.raises(ValueError, match="at most 315360000"):
+            RedisReviewStore(None, ttl_s=endless)  # type: ignore[arg-type]
+    assert MemoryReviewStore(ttl_s=315360000).ttl_s == 315360000.0
     with pytest.raises(ValueError, match=r"max_items \(0\)"):
         MemoryReviewStore(max_items=0)
 
