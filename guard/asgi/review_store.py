@@ -499,7 +499,7 @@ class MemoryReviewStore:
             self._purge()
         if quota is not None and self._client_bytes_over(quota, size):
             now = time.time()
-            first = min((i.expires_at for i in self._items.values() if _counted_as(i) == quota),
+            first = min((i.expires_at for i in self._items.values() if (i.client, i.tenant) == (client, tenant)),
                         default=now + self.ttl_s)
             raise _bytes_quota(self._client_bytes.get(quota, 0), self.max_bytes_per_client, size, first - now)
         if len(self._items) >= self.max_items or self.held_bytes + size > self.max_bytes:

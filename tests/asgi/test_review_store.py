@@ -582,3 +582,24 @@ async def test_each_tenant_at_one_client_has_caps_of_its_own_and_the_item_keeps_
     assert {item.client for item in (acme, globex, untenanted)} == {"10.0.0.7"}
     assert {item.client for item in await store.list_items()} == {"10.0.0.7"}
     await store.aclose()
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+async def test_each_tenant_at_one_client_has_a_byte_budget_of_its_own(kind: str, create_redis: Any) -> None:
+    probe = MemoryReviewStore()
+    await probe.create(_verdict(), subject={}, digest="x", client="10.0.0.7")
+    room = probe.held_bytes * 3 // 2  # one item fits, two do not
+    store: ReviewStore = (
+        MemoryReviewStore(max_bytes_per_client=room) if kind == "memory" else
+        RedisReviewStore(create_redis(), prefix=create_redis.prefix, max_bytes_per_client=room))
+
+    async def hold(tenant: str | None) -> Any:
+        return await store.create(_verdict(), subject={}, digest="x", tenant=tenant, client="10.0.0.7")
+
+    await hold("acme")
+    with pytest.raises(ReviewQuotaExceeded, match="bytes") as refused:
+        await hold("acme")
+    assert refused.value.retry_after > 1
+    await hold("globex")
+    await hold(None)
+    await store.aclose()
