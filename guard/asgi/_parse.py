@@ -198,6 +198,9 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
     elif not media and _is_utf8(body):
         check_html_escapes(body)  # a browser sniffs an untyped body and picks its charset (charset_guessed)
         return _untyped(body, limits)
+    elif not media and _reads_as_wide_json(body):
+        raise BodyError(400, "invalid_json_not_utf8", "the body has no Content-Type and reads as UTF-16 or UTF-32 "
+                        "JSON, which an application parsing it as JSON reads; JSON must be UTF-8", field="body")
     elif is_textual(media):
         text = _text(body, media, params)
         judged = with_markup_reading(text) if is_markup(media) else text  # the value stays as sent
@@ -294,6 +297,20 @@ def _also_json(text: str, body: bytes, limits: BodyLimits) -> str:
     if not values and ("\n" in decoded or "\r" in decoded):
         values = json_readings(decoded)  # JSON Lines, application/json-seq, an event stream
     return "\n".join([text, *body_strings(values)]) if values else text
+
+
+def _reads_as_wide_json(body: bytes) -> bool:
+    """Whether a body that is not UTF-8 reads, as ``json.loads`` reads bytes (a byte-order mark or zero bytes pick
+    UTF-16 or UTF-32), as text starting like a JSON object, array or string: FastAPI and ``request.json()`` parse an
+    untyped body so, whatever ``opaque_media`` says."""
+    encoding = json.detect_encoding(body)
+    if encoding in ("utf-8", "utf-8-sig"):
+        return False
+    try:
+        text = body[:64].decode(encoding, "ignore")
+    except LookupError:
+        return False
+    return text.lstrip("\ufeff \t\r\n")[:1] in ("{", "[", '"')
 
 
 def _is_utf8(body: bytes) -> bool:

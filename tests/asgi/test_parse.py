@@ -325,6 +325,24 @@ async def test_an_untyped_json_body_is_judged_as_json(make_guard: GuardFactory) 
     assert plain.status_code == 403
 
 
+@pytest.mark.parametrize("body", [
+    b"\xff\xfe" + json.dumps({"prompt": ATTACK}).encode("utf-16-le"),
+    b"\xfe\xff" + json.dumps({"prompt": ATTACK}).encode("utf-16-be"),
+    json.dumps({"prompt": ATTACK + " \u00e9"}, ensure_ascii=False).encode("utf-16-le"),  # no BOM, not UTF-8
+    b"\xff\xfe\x00\x00" + json.dumps([ATTACK]).encode("utf-32-le"),
+])
+async def test_an_untyped_utf16_json_body_is_refused_under_metadata_too(make_guard: GuardFactory, body: bytes) -> None:
+    """``json.loads`` (FastAPI's untyped body, ``request.json()``) reads UTF-16 and UTF-32 JSON by its byte-order mark
+    or zero bytes: such an untyped body that is not UTF-8 is refused, not passed unjudged as an opaque one."""
+    assert json.loads(body) in ({"prompt": ATTACK}, {"prompt": ATTACK + " \u00e9"}, [ATTACK])
+    backend = ScriptedBackend(scripted_answers)
+    response = await _post(make_guard(backend), body, {}, limits=BodyLimits(opaque_media="metadata"))
+    assert response.status_code == 400 and response.json()["code"] == "invalid_json_not_utf8"
+    assert backend.calls == 0
+    binary = await _post(make_guard(), b"\xff\xfe\x89PNG\r\n", {}, limits=BodyLimits(opaque_media="metadata"))
+    assert binary.status_code == 200
+
+
 async def test_a_text_body_that_is_json_is_judged_on_its_decoded_strings_too(make_guard: GuardFactory) -> None:
     """Starlette's ``request.json()`` parses a ``text/plain`` body as JSON whatever its media type says, so the escapes
     of a text body that is a JSON document cannot hide what they decode to; every value of a repeated key counts."""
