@@ -138,6 +138,9 @@ class Redactor:
                 if read != apply_redactions(parsed, self.find(parsed, detector)):
                     return True
                 texts.append(read)
+        else:  # a form field, form name or JSON string an application parses as JSON (json.loads(form["data"]))
+            texts += [text for value in _keys_and_strings(masked) if "\\" in value
+                      for text in _keys_and_strings(json_readings(value, piece=True))]
         for text in texts:
             if any(pattern.search(text) for _, pattern in self.patterns):
                 return True

@@ -145,3 +145,18 @@ async def test_a_numeric_reference_of_thousands_of_digits_is_read_not_a_500(medi
     await guard.aclose()
     assert (read.status_code, read.text) == (200, huge)
     assert blocked.status_code == 403 and "SECRET" not in blocked.text
+
+
+@pytest.mark.parametrize("body", [
+    b'data={"note": "my key \\u0073k-abcdefgh1234"}',  # a field the application reads with json.loads
+    b'{"note": "my key \\u0073k-abcdefgh1234"}',  # a form body that is JSON: request.json() reads it
+])  # fmt: skip
+async def test_a_form_whose_json_spells_a_key_is_refused_not_passed_unmasked(body: bytes) -> None:
+    """The key is judged as the JSON in the form decodes (``sk-...``), but no span of the form as written is it: the
+    request is refused (422) rather than passed on with the key the application decodes."""
+    guard, app = rules_only(POLICY, [Route("/in/x", _seen, methods=["POST"])])
+    async with client_for(app) as client:
+        response = await client.post("/in/x", content=body,
+                                     headers={"content-type": "application/x-www-form-urlencoded"})
+    await guard.aclose()
+    assert response.status_code == 422 and response.json()["message"] == UNMASKABLE, response.text

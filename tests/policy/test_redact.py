@@ -95,6 +95,18 @@ def test_a_span_only_a_markup_parser_reads_cannot_be_masked(text: str, markup: b
     assert KEYS.leaves(text, {}, KEYS.find(text), markup=markup) is leaves
 
 
+@pytest.mark.parametrize(("body", "leaves"), [
+    ({"k": ['{"a": "\\u0073k-abcdefgh1234"}']}, True),  # a form value an application reads with json.loads
+    ({'{"a":"\\u0073k-abcdefgh1234"}': [""]}, True),  # a urlencoded body that is JSON: one field name
+    ({"k": ["sk-abcdefgh1234"]}, False),  # masked where it is
+    ({"k": ['{"a": "sk-abcdefgh1234", "b": "\\n"}']}, False),  # the key as written: masked, escapes elsewhere
+])  # fmt: skip
+def test_a_span_only_the_json_in_a_form_value_spells_cannot_be_masked(body: object, leaves: bool) -> None:
+    """A form value (or name) that is a JSON document is read by an application as its decoded strings
+    (``json.loads(form["data"])``): a key its escapes spell is not masked by masking the value as written."""
+    assert KEYS.leaves(body, {}, KEYS.find(body)) is leaves
+
+
 def test_overlapping_spans_of_several_redactors_are_merged_per_string() -> None:
     spans = [Redaction("/b", 0, 3, "x"), Redaction("/a", 5, 12, "key"), Redaction("/a", 9, 30, "run"),
              Redaction("/a", 40, 42, "key")]  # fmt: skip
