@@ -300,17 +300,26 @@ def _also_json(text: str, body: bytes, limits: BodyLimits) -> str:
 
 
 def _reads_as_wide_json(body: bytes) -> bool:
-    """Whether a body that is not UTF-8 reads, as ``json.loads`` reads bytes (a byte-order mark or zero bytes pick
-    UTF-16 or UTF-32), as text starting like a JSON object, array or string: FastAPI and ``request.json()`` parse an
-    untyped body so, whatever ``opaque_media`` says."""
+    """Whether a body that is not UTF-8 is a JSON document as ``json.loads`` reads bytes (a byte-order mark or zero
+    bytes pick UTF-16 or UTF-32; whitespace of any length may lead): FastAPI and ``request.json()`` parse an untyped
+    body so, whatever ``opaque_media`` says. Binary data that only starts like JSON is not."""
     encoding = json.detect_encoding(body)
     if encoding in ("utf-8", "utf-8-sig"):
         return False
-    try:
-        text = body[:64].decode(encoding, "ignore")
-    except LookupError:
+    try:  # as json.loads decodes bytes; binary (most of it) is told by its first 4 KiB, not decoded whole
+        head = body[:4096].decode(encoding, "surrogatepass").lstrip("\ufeff \t\r\n")
+        text = body.decode(encoding, "surrogatepass") if head[:1] in ("{", "[", '"') or not head else ""
+    except UnicodeDecodeError:
         return False
-    return text.lstrip("\ufeff \t\r\n")[:1] in ("{", "[", '"')
+    if text.lstrip("\ufeff \t\r\n")[:1] not in ("{", "[", '"'):
+        return False
+    try:
+        json.loads(text)
+    except RecursionError:
+        return True  # too deep for json.loads, which the application's parse fails on too: refused all the same
+    except ValueError:
+        return False
+    return True
 
 
 def _is_utf8(body: bytes) -> bool:

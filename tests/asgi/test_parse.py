@@ -330,6 +330,7 @@ async def test_an_untyped_json_body_is_judged_as_json(make_guard: GuardFactory) 
     b"\xfe\xff" + json.dumps({"prompt": ATTACK}).encode("utf-16-be"),
     json.dumps({"prompt": ATTACK + " \u00e9"}, ensure_ascii=False).encode("utf-16-le"),  # no BOM, not UTF-8
     b"\xff\xfe\x00\x00" + json.dumps([ATTACK]).encode("utf-32-le"),
+    (" " * 40 + json.dumps({"prompt": ATTACK + " \u00e9"}, ensure_ascii=False)).encode("utf-16-le"),  # long lead
 ])
 async def test_an_untyped_utf16_json_body_is_refused_under_metadata_too(make_guard: GuardFactory, body: bytes) -> None:
     """``json.loads`` (FastAPI's untyped body, ``request.json()``) reads UTF-16 and UTF-32 JSON by its byte-order mark
@@ -341,6 +342,21 @@ async def test_an_untyped_utf16_json_body_is_refused_under_metadata_too(make_gua
     assert backend.calls == 0
     binary = await _post(make_guard(), b"\xff\xfe\x89PNG\r\n", {}, limits=BodyLimits(opaque_media="metadata"))
     assert binary.status_code == 200
+
+
+@pytest.mark.parametrize("body", [
+    b'"\x00\x08\x96\x01',  # protobuf: an empty field 4, then field 1 (json.loads reads UTF-16 '"' and fails)
+    b"\xff\xfe" + "[INFO] started \u00e9".encode("utf-16-le"),  # UTF-16 text that opens like an array
+    b"{\x00" + bytes(range(0x80, 0xff)),  # binary that only starts like UTF-16 JSON
+])
+async def test_untyped_binary_that_only_starts_like_utf16_json_passes_under_metadata(make_guard: GuardFactory,
+                                                                                   body: bytes) -> None:
+    """An untyped body that ``json.loads`` cannot parse is no JSON to an application: under
+    ``opaque_media="metadata"`` it passes, judged on metadata, however its first bytes read in UTF-16."""
+    with pytest.raises(ValueError):
+        json.loads(body)
+    response = await _post(make_guard(), body, {}, limits=BodyLimits(opaque_media="metadata"))
+    assert response.status_code == 200, response.text
 
 
 async def test_a_text_body_that_is_json_is_judged_on_its_decoded_strings_too(make_guard: GuardFactory) -> None:
