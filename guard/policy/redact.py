@@ -130,17 +130,19 @@ class Redactor:
                 the headers the policy reads).
         """
         masked = apply_redactions(body, redactions)
-        texts = [*_keys_and_strings(masked), *_keys_and_strings(dict(query)), *clear]
+        fields = [] if isinstance(masked, str) else _keys_and_strings(masked)
+        texts = [*fields, *_keys_and_strings(dict(query)), *clear]
+        # a form field or name, a JSON string, a query or header value that is a JSON document with escapes, which
+        # an application parses with json.loads (json.loads(form["data"])): the strings it decodes
+        texts += [text for value in texts if "\\" in value and value.lstrip(" \t\r\n")[:1] in ("{", "[", '"')
+                  for text in _keys_and_strings(json_readings(value, piece=True))]
         if isinstance(masked, str):
-            texts += _keys_and_strings(json_readings(masked, piece=True))
+            texts += [masked, *_keys_and_strings(json_readings(masked, piece=True))]
             if markup:
                 parsed, read = markup_reading(body), markup_reading(masked)
                 if read != apply_redactions(parsed, self.find(parsed, detector)):
                     return True
                 texts.append(read)
-        else:  # a form field, form name or JSON string an application parses as JSON (json.loads(form["data"]))
-            texts += [text for value in _keys_and_strings(masked) if "\\" in value
-                      for text in _keys_and_strings(json_readings(value, piece=True))]
         for text in texts:
             if any(pattern.search(text) for _, pattern in self.patterns):
                 return True

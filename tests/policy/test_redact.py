@@ -107,6 +107,26 @@ def test_a_span_only_the_json_in_a_form_value_spells_cannot_be_masked(body: obje
     assert KEYS.leaves(body, {}, KEYS.find(body)) is leaves
 
 
+@pytest.mark.parametrize(("query", "clear"), [
+    ({"data": ['{"n": "\\u0073k-abcdefgh1234"}']}, ()),  # ?data=... an application reads with json.loads
+    ({}, ('{"n": "\\u0073k-abcdefgh1234"}',)),  # a header value the policy reads
+])  # fmt: skip
+def test_a_span_only_the_json_in_a_query_or_header_value_spells_cannot_be_masked(query: dict, clear: tuple) -> None:
+    """The query and the headers go on as they are: a key the JSON in one of their values spells with escapes
+    reaches an application that parses it, so the request is refused as a key written there in clear is."""
+    body = {"k": ["sk-abcdefgh1234"]}
+    assert KEYS.leaves(body, query, KEYS.find(body), clear=clear) is True
+
+
+def test_a_value_that_is_no_json_document_is_not_read_as_json_escapes() -> None:
+    """``json.loads`` reads a value only when it is a document: a Windows path's ``\\n`` is no line feed to an
+    application, so a card number after it (one word with the ``n`` as written) is no span to refuse over."""
+    cards = Redactor((CARD,))
+    body = {"file": ["C:\\scans\\n4111111111111111.pdf"], "doc": ['{"file": "C:\\\\scans"}']}
+    assert cards.find(body) == ()
+    assert cards.leaves(body, {}, ()) is False
+
+
 def test_overlapping_spans_of_several_redactors_are_merged_per_string() -> None:
     spans = [Redaction("/b", 0, 3, "x"), Redaction("/a", 5, 12, "key"), Redaction("/a", 9, 30, "run"),
              Redaction("/a", 40, 42, "key")]  # fmt: skip
