@@ -976,7 +976,12 @@ class TurnKeeper:
             if edit is not None and not record.get("problem") and not record.get("hitl_edit"):
                 yield from self._judge_hitl_edit(state, turn, record, call_id, edit)
             verdict = verdict_from_json(record["verdict"])
-            if record.get("problem"):
+            if record.get("problem") and record.get("hitl_edit"):  # the model's call was fine; the reviewer's edit is not
+                record["status"] = "malformed"
+                model_tool = next((c["name"] for c in ai.tool_calls if c.get("id") == call_id), record["tool"])
+                reason = f"the HumanInTheLoopMiddleware reviewer's edit cannot run: {record['problem']}"
+                out.append(msgs.rejected(model_tool, call_id, verdict, reason, ""))
+            elif record.get("problem"):
                 record["status"] = "malformed"
                 out.append(msgs.malformed(record["tool"], call_id, record["problem"], verdict))
             elif record["outcome"] == "allow":
@@ -1074,7 +1079,7 @@ class TurnKeeper:
         name = edit.get("name")
         arguments, problem = classify_arguments(edit.get("args"))
         if not isinstance(name, str) or not name:
-            problem = "the HumanInTheLoopMiddleware edit has no tool name"
+            problem = "it names no tool"
         if problem is None and arguments_digest(name, arguments or {}) == record["digest"]:
             return  # the edit changed nothing
         tool = name if isinstance(name, str) else ""

@@ -585,3 +585,24 @@ def test_decisions_by_position_false_takes_item_ids_only(harness: Any, thread: A
     assert h.runs.calls == [("pay", {"amount": 500, "to": "eve"})]
     with pytest.raises(TypeError, match="decisions_by_position must be True or False"):
         build(h, Turn(text="x"), decisions_by_position="no")
+
+
+@pytest.mark.parametrize(("action", "problem"), [
+    ({"name": "pay", "args": "x"}, "arguments are not valid JSON"),
+    ({"name": "", "args": {"amount": 1, "to": "bob"}}, "it names no tool"),
+])
+def test_a_malformed_hitl_edit_is_answered_as_the_reviewers_not_the_models(
+    harness: Any, thread: Any, action: dict[str, Any], problem: str
+) -> None:
+    """Guard listed first: an HITL reviewer's edit guard cannot judge does not run, and the model is told its call
+    (named as it made it) was not run because of the reviewer's edit, not asked to resend valid JSON."""
+    h = harness()
+    agent, config = guard_agent(h, pays((5, "bob", "a")), hitl=HumanInTheLoopMiddleware({"pay": True})), thread()
+    drive(agent, USER, config, "invoke")
+    drive(agent, Command(resume={"decisions": [{"type": "edit", "edited_action": action}]}), config, "invoke")
+    assert h.runs.calls == []
+    answer = next(m for m in agent.get_state(config).values["messages"] if getattr(m, "tool_call_id", None) == "a")
+    assert answer.status == "error" and answer.name == "pay"
+    assert answer.text.startswith("A reviewer rejected tool call `pay` (id a); it was not executed. Reason: the "
+                                  f"HumanInTheLoopMiddleware reviewer's edit cannot run: {problem}.")
+    assert "send it again" not in answer.text
