@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gzip
 import json
 import re
@@ -73,6 +74,13 @@ def raw_request(port: int, head: bytes, body_pieces: Sequence[bytes] = (), pause
             return head_part + b"\r\n\r\n" + rest
         except OSError:
             return data
+
+
+
+@functools.cache
+def gzip_bomb() -> bytes:
+    """64 MiB of zeros, gzip-compressed (about 64 KB): made once, so a test's timed answer does not include making it."""
+    return gzip.compress(b"0" * (64 << 20), compresslevel=9)
 
 
 class OpenAIStandIn:
@@ -152,7 +160,7 @@ class OpenAIStandIn:
 
             return StreamingResponse(drip(), media_type="application/json")
         if model == "gzip-bomb":  # 64 MiB of zeros in about 64 KB, sent compressed though identity was asked for
-            bomb = gzip.compress(b"0" * (64 << 20), compresslevel=9)
+            bomb = gzip_bomb()
             headers = {"content-encoding": "gzip", "content-type": "application/json"}
             return Response(bomb, headers=headers, media_type="text/event-stream" if body.get("stream") else None)
         if model == "identity-twice":  # two proxies each saying so: nothing to decode

@@ -9,12 +9,13 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from guard.asgi import handoff
 from guard.asgi.handoff import DEFAULT_SYSTEM_PROMPT, HandoffClient, HandoffTarget
 from guard.errors import HandoffError
 from guard.subject import AgentSubject, HttpSubject
 from guard.systemone import AnswerV1
 from guard.verdict import Verdict
-from tests.asgi._servers import OpenAIStandIn, serve_in_thread
+from tests.asgi._servers import OpenAIStandIn, gzip_bomb, serve_in_thread
 from tests.backends._standin import socket_that_resets
 
 pytestmark = pytest.mark.anyio
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture(scope="module")
 def standin() -> Iterator[tuple[OpenAIStandIn, str]]:
+    gzip_bomb()  # made before any timed answer
     server = OpenAIStandIn()
     with serve_in_thread(server.app) as url:
         yield server, url
@@ -330,10 +332,13 @@ async def test_a_hostile_key_in_an_invalid_json_answer_is_quoted_and_cut_in_the_
     ("slow-head", True, "timeout"),  # a head later than stream_timeout, within timeout
 ])  # fmt: skip
 async def test_a_slow_huge_or_deep_answer_is_a_handoff_error_in_bounded_time(
-    standin: tuple[OpenAIStandIn, str], model: str, stream: bool, reason: str
+    standin: tuple[OpenAIStandIn, str], model: str, stream: bool, reason: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import time
 
+    # the endless stream passes a stream cap of 8 MiB in a fifth of the reading the shipped 32 MiB takes, which on a
+    # busy machine ran past the stream timeout first
+    monkeypatch.setattr(handoff, "MAX_STREAM_BYTES", 8 << 20)
     _, url = standin
     client = HandoffClient()
     target = _target(url, model=model, timeout=1.0 if model != "slow-head" else 10.0, stream_timeout=2.0)
