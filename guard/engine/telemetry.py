@@ -1432,14 +1432,19 @@ ERROR_LOG_INTERVAL_S = 10.0
 _REOPEN = ""
 
 
+#: The mode a decision log file is created with (less the umask): its records hold requests' input and state, so
+#: other users may not read it; a file that exists keeps its mode.
+LOG_FILE_MODE = 0o640
+
+
 def open_log_path(path: str | Path) -> IO[str]:
-    """``path`` opened to append UTF-8 lines (created if missing), line-buffered. A FIFO is opened without waiting
+    """``path`` opened to append UTF-8 lines (created if missing, as :data:`LOG_FILE_MODE`), line-buffered. A FIFO is opened without waiting
     for a reader (``O_NONBLOCK``, cleared once it is open), where a plain open blocks until one comes.
 
     Raises:
         OSError: as ``open`` does; ``ENXIO`` for a FIFO no process has open for reading.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, LOG_FILE_MODE)
     try:
         os.set_blocking(fd, True)  # a full pipe blocks the writer thread, as its queue expects
         return open(fd, "a", encoding="utf-8", buffering=1)  # the log closes it

@@ -175,6 +175,27 @@ def test_a_log_file_is_written_by_its_thread_and_complete_once_closed(tmp_path: 
     assert len(path.read_text().splitlines()) == 50 and log.dropped == 0
 
 
+def test_a_new_log_file_is_not_readable_by_other_users_and_an_existing_one_keeps_its_mode(tmp_path: Path) -> None:
+    """The records hold requests' input and state: a file the log creates (at start or on reopen) is 0640 less the
+    umask, not 0666 less it (0644, world-readable, under the usual umask 022)."""
+    old = os.umask(0o022)
+    try:
+        path = tmp_path / "decisions.jsonl"
+        log = DecisionLog(path, background=False)
+        assert path.stat().st_mode & 0o777 == 0o640
+        path.rename(tmp_path / "decisions.jsonl.1")
+        log.reopen()
+        log.close()
+        assert path.stat().st_mode & 0o777 == 0o640
+        kept = tmp_path / "shared.jsonl"
+        kept.touch(mode=0o644)
+        kept.chmod(0o644)
+        DecisionLog(kept).close()
+        assert kept.stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(old)
+
+
 @pytest.mark.parametrize("background", [True, False])
 def test_reopen_writes_the_next_records_to_a_new_file_at_the_path(tmp_path: Path, background: bool) -> None:
     """logrotate moves the file, then asks for it to be opened again: the records before go to the moved file, the
