@@ -1614,6 +1614,10 @@ class DecisionLog:
                 if isinstance(record["flags"], dict) and name in record["flags"]:
                     record["flags"][name] = None
             _rewrite_pointers(record, _plain_tokens(_scrub_shapes))
+            # an error can quote a key (a reviewer's answer, an endpoint's URL): masked by its shape, as redacted does
+            for part in (record, *(record.get("policies") or ())):
+                if isinstance(part.get("error"), str):
+                    part["error"] = _scrub_shapes(part["error"])
         if not self.include_input:
             record["input"] = None
             record["erased"] = [pointer for pointer in record["erased"] if not pointer.startswith("/input/")]
@@ -1683,7 +1687,7 @@ class DecisionLog:
         ``decision_id`` (the handoff's), ``outcome`` (:data:`HandoffOutcome`), ``action`` (what was done),
         ``fail_mode`` and ``error`` (``failed``: why, and which fail mode decided), ``policy``, ``timestamp``,
         ``labels``); returned as written. The handoff's input and state are in its own record, not repeated. Under
-        ``log_input="redacted"`` values shaped like secrets are scrubbed from ``error`` as from a decision record's
+        ``log_input`` ``"redacted"`` and ``"none"`` values shaped like secrets are scrubbed from ``error`` as from a decision record's
         (a reviewer's URL with ``?api-key=``, a key its error quotes). A failing sink drops it (counted in
         ``dropped``, logged)."""
         record: dict[str, Any] = {
@@ -1697,7 +1701,7 @@ class DecisionLog:
             "fail_mode": verdict.fail_mode,
             "error": verdict.error,
         }
-        if self.log_input == "redacted" and verdict.error is not None:
+        if self.log_input != "full" and verdict.error is not None:
             record["error"] = _scrub_shapes(verdict.error)
         self._append(_json_line(record))
         return record

@@ -67,12 +67,17 @@ def test_a_handoff_that_fails_takes_its_fail_modes_action_from_the_engines_one_t
         fail_mode]
 
 
-def test_a_failed_handoffs_error_is_scrubbed_of_secrets_as_a_decisions_is() -> None:
+@pytest.mark.parametrize("log_input", ["redacted", "none"])
+def test_a_failed_handoffs_error_is_scrubbed_of_secrets_as_a_decisions_is(log_input: str) -> None:
     """An outcome's error that quotes an endpoint (with ``?api-key=``) or a key (a reviewer's failure named its whole
-    exception before it named only its type) is scrubbed of those shapes as a decision record's error is."""
+    exception before it named only its type) is scrubbed of those shapes as a decision record's error is, under
+    ``none`` too (it kept them in clear, where ``redacted`` masked them)."""
     key = "sk-" + "Q7wErTy9uIoP3aSdF6gH" * 2
     exc = ConnectionError(f"POST https://llm.example/openai/deployments/g4/chat?api-key=azk3y0987654321 with {key}")
     error = f"reviewer 'second_opinion' failed: {exc!r}"
-    record = DecisionLog(io.StringIO()).handoff_outcome(Verdict("block", "d1", policy_id="p", error=error), "failed")
+    verdict = Verdict("block", "d1", policy_id="p", error=error)
+    record = DecisionLog(io.StringIO(), log_input=log_input).handoff_outcome(verdict, "failed")
+    decision = DecisionLog(io.StringIO(), log_input=log_input).event(verdict, None)
+    assert "azk3y0987654321" not in decision["error"] and key not in decision["error"]
     assert "azk3y0987654321" not in record["error"] and key not in record["error"]
     assert record["error"].startswith("reviewer 'second_opinion' failed: ConnectionError('POST https://llm.example/")
