@@ -1141,6 +1141,15 @@ _CONNECTION_SECRET = re.compile(
     r"(\"[^\"]*\"|'[^']*'|\{[^}]*\}|[^\s;\"'<>&]+(?:[ \t]+(?![\w.-]+[ \t]*=)[^\s;\"'<>&]+)*)",
     re.IGNORECASE,
 )
+#: An ``Authorization`` header written in text (a ``curl -H`` in a tool's arguments, an HTTP exchange pasted in a
+#: message, a headers dict's JSON or repr; ``Proxy-Authorization``, ``X-Authorization``, ``HTTP_AUTHORIZATION=``): the
+#: name, ``:`` or ``=``, a scheme that carries one opaque credential, quotes (group 1, kept), and the credential
+#: (group 2, masked where :data:`_NOT_A_WORD` tells it from a word).
+_AUTHORIZATION_LINE = re.compile(
+    r"(authorization[\"']?[ \t]*[:=][ \t]*[\"']?"
+    r"(?:bearer|basic|token|negotiate|apikey|api-key|sharedkey|dpop)[ \t]+[\"']?)([A-Za-z0-9._~+/-]{8,}=*)",
+    re.IGNORECASE,
+)
 #: What text holds, lower-cased, where :data:`_CONNECTION_SECRET` may match.
 _CONNECTION_SECRET_NAMES = ("accountkey", "sharedaccess", "passw", "pwd")
 
@@ -1198,11 +1207,18 @@ def _masked_params(text: str) -> str:
     return _URL_PARAM.sub(masked, "&".join(params)) + rest
 
 
+def _authorization(match: re.Match[str]) -> str:
+    """An ``Authorization`` header in text with its credential replaced by ``[redacted]`` (not a word after the scheme:
+    ``Authorization: Basic Reviewers``)."""
+    return f"{match.group(1)}[redacted]" if _NOT_A_WORD.search(match.group(2)) else match.group()
+
+
 def _scrub_shapes(text: str, *, cards: bool = True, account_ids: bool = True) -> str:
     """``text`` with the values a secret's shape gives away replaced by ``[redacted]``: keys by their known prefixes
     (:data:`_KEY_SHAPE`: ``AKIA``, ``ghp_``, ``xoxb-``, ``AIza``, ``sk-``, ``sk_live_``, ``glpat-``, a JWT, ...; a
     Slack webhook URL's path), a connection string's key or password (:data:`_CONNECTION_SECRET`:
-    ``AccountKey=[redacted]``), a URL's password, token-shaped user name or credential-named parameter's value
+    ``AccountKey=[redacted]``), an ``Authorization`` header's credential written in text (:data:`_AUTHORIZATION_LINE`:
+    ``Authorization: Bearer [redacted]``), a URL's password, token-shaped user name or credential-named parameter's value
     (:func:`_url`: ``https://app:[redacted]@host/?api_key=[redacted]&page=2``), and with ``cards``, card numbers
     (:data:`_CARD_SHAPE` of an issuer's prefix and length that pass the Luhn check). Without ``account_ids``, a
     Twilio account SID (:data:`_ACCOUNT_SID`) is kept."""
@@ -1210,6 +1226,8 @@ def _scrub_shapes(text: str, *, cards: bool = True, account_ids: bool = True) ->
     lowered = text.lower()
     if any(name in lowered for name in _CONNECTION_SECRET_NAMES):  # the pattern is slow to fail on long text
         text = _CONNECTION_SECRET.sub(r"\1[redacted]", text)
+    if "authorization" in lowered:
+        text = _AUTHORIZATION_LINE.sub(_authorization, text)
     if cards:
         text = _CARD_SHAPE.sub(_card, text)
     return _URL_SHAPE.sub(_url, text) if "://" in text else text

@@ -476,3 +476,25 @@ def test_values_that_are_not_json_are_written_as_their_repr() -> None:
     subject = AgentSubject(event="tool_result", tool_name="fetch", tool_result={"final_url": url})
     event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"url": url}), subject)
     assert "sk-live-PASSWORD123" not in json.dumps(event)
+
+
+@pytest.mark.parametrize("text", [
+    "curl -H 'Authorization: Bearer opaqueBEARERtok12345' https://api.example/v1",
+    '{"headers": {"Authorization": "Basic dXNlcjpodW50ZXIycGFzcw=="}}',
+    "{'Proxy-Authorization': 'Token opaqueBEARERtok12345'}",
+    "HTTP_AUTHORIZATION=Bearer opaqueBEARERtok12345",
+])
+def test_an_authorization_header_written_in_text_has_its_credential_redacted(text: str) -> None:
+    """A ``curl -H`` in a tool's arguments or a pasted request keeps an opaque bearer token or Basic pair that no key
+    prefix gives away; the log kept it in clear under a field of no secret name (input and state)."""
+    subject = HttpSubject(method="POST", path="/v1/x", body={"note": text}, body_text=text)
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"text": text}), subject)
+    line = json.dumps(event)
+    assert "opaqueBEARERtok12345" not in line and "dXNlcjpodW50ZXIycGFzcw" not in line
+    assert event["state"]["text"].count("[redacted]") == 1
+
+
+def test_an_authorization_scheme_followed_by_a_word_is_kept() -> None:
+    text = "Authorization: Basic Reviewers may approve; the authorization: token expired"
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"text": text}), None)
+    assert event["state"]["text"] == text
