@@ -1150,6 +1150,12 @@ _AUTHORIZATION_LINE = re.compile(
     r"(?:bearer|basic|token|negotiate|apikey|api-key|sharedkey|dpop)[ \t]+[\"']?)([A-Za-z0-9._~+/-]{8,}=*)",
     re.IGNORECASE,
 )
+#: A ``Cookie`` or ``Set-Cookie`` header written in text (a ``curl -H``, a pasted exchange, a headers dict's JSON):
+#: the name, ``:`` and quotes (group 1, kept), and the value to the line's end or a quote (group 2), whose
+#: ``name=value`` pairs' values are masked (:data:`_COOKIE_PAIR`).
+_COOKIE_LINE = re.compile(r"((?:set-)?cookie[\"']?[ \t]*:[ \t]*[\"']?)([^\r\n\"']*)", re.IGNORECASE)
+#: One ``name=value`` pair of a cookie header: the name and ``=`` (group 1, kept) and the value up to ``;`` or ``,``.
+_COOKIE_PAIR = re.compile(r"((?:^|[;,])[ \t]*[^=;,\s]+[ \t]*=)[^;,]*")
 #: What text holds, lower-cased, where :data:`_CONNECTION_SECRET` may match.
 _CONNECTION_SECRET_NAMES = ("accountkey", "sharedaccess", "passw", "pwd")
 
@@ -1213,12 +1219,17 @@ def _authorization(match: re.Match[str]) -> str:
     return f"{match.group(1)}[redacted]" if _NOT_A_WORD.search(match.group(2)) else match.group()
 
 
+def _cookies(match: re.Match[str]) -> str:
+    """A cookie header in text with each pair's value replaced by ``[redacted]`` (``Cookie: sid=[redacted]``)."""
+    return match.group(1) + _COOKIE_PAIR.sub(r"\1[redacted]", match.group(2))
+
+
 def _scrub_shapes(text: str, *, cards: bool = True, account_ids: bool = True) -> str:
     """``text`` with the values a secret's shape gives away replaced by ``[redacted]``: keys by their known prefixes
     (:data:`_KEY_SHAPE`: ``AKIA``, ``ghp_``, ``xoxb-``, ``AIza``, ``sk-``, ``sk_live_``, ``glpat-``, a JWT, ...; a
     Slack webhook URL's path), a connection string's key or password (:data:`_CONNECTION_SECRET`:
     ``AccountKey=[redacted]``), an ``Authorization`` header's credential written in text (:data:`_AUTHORIZATION_LINE`:
-    ``Authorization: Bearer [redacted]``), a URL's password, token-shaped user name or credential-named parameter's value
+    ``Authorization: Bearer [redacted]``) and a cookie header's values (:data:`_COOKIE_LINE`), a URL's password, token-shaped user name or credential-named parameter's value
     (:func:`_url`: ``https://app:[redacted]@host/?api_key=[redacted]&page=2``), and with ``cards``, card numbers
     (:data:`_CARD_SHAPE` of an issuer's prefix and length that pass the Luhn check). Without ``account_ids``, a
     Twilio account SID (:data:`_ACCOUNT_SID`) is kept."""
@@ -1228,6 +1239,8 @@ def _scrub_shapes(text: str, *, cards: bool = True, account_ids: bool = True) ->
         text = _CONNECTION_SECRET.sub(r"\1[redacted]", text)
     if "authorization" in lowered:
         text = _AUTHORIZATION_LINE.sub(_authorization, text)
+    if "cookie" in lowered:
+        text = _COOKIE_LINE.sub(_cookies, text)
     if cards:
         text = _CARD_SHAPE.sub(_card, text)
     return _URL_SHAPE.sub(_url, text) if "://" in text else text

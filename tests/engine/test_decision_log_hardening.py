@@ -498,3 +498,21 @@ def test_an_authorization_scheme_followed_by_a_word_is_kept() -> None:
     text = "Authorization: Basic Reviewers may approve; the authorization: token expired"
     event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"text": text}), None)
     assert event["state"]["text"] == text
+
+
+@pytest.mark.parametrize("text", [
+    "curl -H 'Cookie: sessionid=abcSESSIONxyz987; csrftoken=CSRFtok5551' https://api.example/v1",
+    '{"headers": {"Cookie": "sessionid=abcSESSIONxyz987; csrftoken=CSRFtok5551"}}',
+    "HTTP/1.1 200 OK\nSet-Cookie: sessionid=abcSESSIONxyz987, csrftoken=CSRFtok5551; HttpOnly\n",
+])
+def test_a_cookie_header_written_in_text_has_its_values_redacted(text: str) -> None:
+    """A session cookie pasted with its header name kept its value in clear under a field of no secret name."""
+    subject = HttpSubject(method="POST", path="/v1/x", body={"note": text}, body_text=text)
+    line = json.dumps(DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"text": text}), subject))
+    assert "abcSESSIONxyz987" not in line and "CSRFtok5551" not in line
+
+
+def test_cookies_named_in_prose_are_kept() -> None:
+    text = "I like cookies: chocolate and oat; the cookie=yes flag; cookie: none set"
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"text": text}), None)
+    assert event["state"]["text"] == text
