@@ -1154,8 +1154,9 @@ _AUTHORIZATION_LINE = re.compile(
 #: the name, ``:`` and quotes (group 1, kept), and the value to the line's end or a quote (group 2), whose
 #: ``name=value`` pairs' values are masked (:data:`_COOKIE_PAIR`).
 _COOKIE_LINE = re.compile(r"((?:set-)?cookie[\"']?[ \t]*:[ \t]*[\"']?)([^\r\n\"']*)", re.IGNORECASE)
-#: One ``name=value`` pair of a cookie header: the name and ``=`` (group 1, kept) and the value up to ``;`` or ``,``.
-_COOKIE_PAIR = re.compile(r"((?:^|[;,])[ \t]*[^=;,\s]+[ \t]*=)[^;,]*")
+#: One ``name=value`` pair of a cookie header: the name and ``=`` (group 1, kept) and the value up to ``;`` (a value
+#: may hold a comma; ``Set-Cookie`` lines folded with ``,`` are masked from the first value to the next ``;``).
+_COOKIE_PAIR = re.compile(r"((?:^|;)[ \t]*[^=;,\s]+[ \t]*=)[^;]*")
 #: What text holds, lower-cased, where :data:`_CONNECTION_SECRET` may match.
 _CONNECTION_SECRET_NAMES = ("accountkey", "sharedaccess", "passw", "pwd")
 

@@ -516,3 +516,10 @@ def test_cookies_named_in_prose_are_kept() -> None:
     text = "I like cookies: chocolate and oat; the cookie=yes flag; cookie: none set"
     event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"text": text}), None)
     assert event["state"]["text"] == text
+
+
+def test_a_cookie_value_holding_a_comma_is_masked_whole() -> None:
+    """A pair's value was masked up to a comma, so the rest of a value that holds one was logged in clear."""
+    text = "curl -H 'Cookie: sid=abc,def123SECRET; theme=dark' https://api.example/v1"
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"text": text}), None)
+    assert event["state"]["text"] == "curl -H 'Cookie: sid=[redacted]; theme=[redacted]' https://api.example/v1"
