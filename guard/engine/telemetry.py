@@ -1156,7 +1156,9 @@ _AUTHORIZATION_LINE = re.compile(
 _COOKIE_LINE = re.compile(r"((?:set-)?cookie[\"']?[ \t]*:[ \t]*[\"']?)([^\r\n\"']*)", re.IGNORECASE)
 #: One ``name=value`` pair of a cookie header: the name and ``=`` (group 1, kept) and the value up to ``;`` (a value
 #: may hold a comma; ``Set-Cookie`` lines folded with ``,`` are masked from the first value to the next ``;``).
-_COOKIE_PAIR = re.compile(r"((?:^|;)[ \t]*[^=;,\s]+[ \t]*=)[^;]*")
+_COOKIE_PAIR = re.compile(r"((?:^|;)[ \t]*([^=;,\s]+)[ \t]*=)([^;]*)")
+#: ``Set-Cookie`` attributes whose values are kept (where they hold no ``=``, which a folded next cookie would).
+_COOKIE_ATTRIBUTES = frozenset({"expires", "max-age", "domain", "path", "samesite", "priority"})
 #: What text holds, lower-cased, where :data:`_CONNECTION_SECRET` may match.
 _CONNECTION_SECRET_NAMES = ("accountkey", "sharedaccess", "passw", "pwd")
 
@@ -1220,9 +1222,17 @@ def _authorization(match: re.Match[str]) -> str:
     return f"{match.group(1)}[redacted]" if _NOT_A_WORD.search(match.group(2)) else match.group()
 
 
+def _cookie_pair(match: re.Match[str]) -> str:
+    """A cookie's ``name=[redacted]``, or a ``Set-Cookie`` attribute as it is (``Path=/``)."""
+    if match.group(2).lower() in _COOKIE_ATTRIBUTES and "=" not in match.group(3):
+        return match.group()
+    return f"{match.group(1)}[redacted]"
+
+
 def _cookies(match: re.Match[str]) -> str:
-    """A cookie header in text with each pair's value replaced by ``[redacted]`` (``Cookie: sid=[redacted]``)."""
-    return match.group(1) + _COOKIE_PAIR.sub(r"\1[redacted]", match.group(2))
+    """A cookie header in text with each cookie's value replaced by ``[redacted]`` (``Cookie: sid=[redacted]``); a
+    ``Set-Cookie`` attribute's value is kept (``Path=/``)."""
+    return match.group(1) + _COOKIE_PAIR.sub(_cookie_pair, match.group(2))
 
 
 def _scrub_shapes(text: str, *, cards: bool = True, account_ids: bool = True) -> str:

@@ -523,3 +523,14 @@ def test_a_cookie_value_holding_a_comma_is_masked_whole() -> None:
     text = "curl -H 'Cookie: sid=abc,def123SECRET; theme=dark' https://api.example/v1"
     event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"text": text}), None)
     assert event["state"]["text"] == "curl -H 'Cookie: sid=[redacted]; theme=[redacted]' https://api.example/v1"
+
+
+def test_set_cookie_attributes_are_kept_and_its_cookies_masked() -> None:
+    """Path, Domain, Expires, Max-Age and SameSite were masked as if they were cookies (Expires cut at its comma)."""
+    text = ("Set-Cookie: sid=abcSESSIONxyz987; Path=/; Domain=example.com; Expires=Wed, 21 Oct 2015 07:28:00 GMT; "
+            "Max-Age=3600; HttpOnly; SameSite=Lax")
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"text": text}), None)
+    assert event["state"]["text"] == text.replace("abcSESSIONxyz987", "[redacted]")
+    folded = "Set-Cookie: sid=abcSESSIONxyz987; Path=/, csrftoken=CSRFtok5551; HttpOnly"
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"text": folded}), None)
+    assert event["state"]["text"] == "Set-Cookie: sid=[redacted]; Path=[redacted]; HttpOnly"
