@@ -140,6 +140,12 @@ SLOW_SHAPE_BODIES = [
     "{'note': ('-----BEGIN PRIVATE KEY-----' + '-----END ' + 'A' * 16_348) * 64}",
     "{'note': '-----BEGIN PRIVATE KEY-----:' * 37_449}",  # one line: each BEGIN reads at most 272 of it
     "{'note': '-----BEGIN PRIVATE KEY-----\\n' + ('x:' * 100 + 'A' * 15 + '\\n') * 4_500}",
+    "{'note': 'authorization' * 80_000}",  # each Authorization header read to where it cannot go on
+    "{'note': ('authorization: bearer' + '\\t' * 100) * 8_500}",
+    "{'note': 'cookie:' * 149_000}",  # each cookie header read to its line's end, each pair to its ;
+    "{'note': 'cookie: ' + 'a=b;' * 262_000}",
+    "{'note': 'cookie:' + '=' * 1_048_000}",
+    "{'note': 'cookie: ;a' + '\\t' * 1_048_000}",
 ]
 
 
