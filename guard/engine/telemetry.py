@@ -1239,8 +1239,9 @@ def _scrub_shapes(text: str, *, cards: bool = True, account_ids: bool = True) ->
     """``text`` with the values a secret's shape gives away replaced by ``[redacted]``: keys by their known prefixes
     (:data:`_KEY_SHAPE`: ``AKIA``, ``ghp_``, ``xoxb-``, ``AIza``, ``sk-``, ``sk_live_``, ``glpat-``, a JWT, ...; a
     Slack webhook URL's path), a connection string's key or password (:data:`_CONNECTION_SECRET`:
-    ``AccountKey=[redacted]``), an ``Authorization`` header's credential written in text (:data:`_AUTHORIZATION_LINE`:
-    ``Authorization: Bearer [redacted]``) and a cookie header's values (:data:`_COOKIE_LINE`), a URL's password, token-shaped user name or credential-named parameter's value
+    ``AccountKey=[redacted]``), an ``Authorization`` header's credential written in text
+    (:data:`_AUTHORIZATION_LINE`: ``Authorization: Bearer [redacted]``) and a cookie header's cookies' values
+    (:data:`_COOKIE_LINE`), a URL's password, token-shaped user name or credential-named parameter's value
     (:func:`_url`: ``https://app:[redacted]@host/?api_key=[redacted]&page=2``), and with ``cards``, card numbers
     (:data:`_CARD_SHAPE` of an issuer's prefix and length that pass the Luhn check). Without ``account_ids``, a
     Twilio account SID (:data:`_ACCOUNT_SID`) is kept."""
@@ -1480,8 +1481,9 @@ LOG_FILE_MODE = 0o640
 
 
 def open_log_path(path: str | Path) -> IO[str]:
-    """``path`` opened to append UTF-8 lines (created if missing, as :data:`LOG_FILE_MODE`), line-buffered. A FIFO is opened without waiting
-    for a reader (``O_NONBLOCK``, cleared once it is open), where a plain open blocks until one comes.
+    """``path`` opened to append UTF-8 lines (created if missing, as :data:`LOG_FILE_MODE`), line-buffered. A FIFO
+    is opened without waiting for a reader (``O_NONBLOCK``, cleared once it is open), where a plain open blocks until
+    one comes.
 
     Raises:
         OSError: as ``open`` does; ``ENXIO`` for a FIFO no process has open for reading.
@@ -1729,9 +1731,9 @@ class DecisionLog:
         ``decision_id`` (the handoff's), ``outcome`` (:data:`HandoffOutcome`), ``action`` (what was done),
         ``fail_mode`` and ``error`` (``failed``: why, and which fail mode decided), ``policy``, ``timestamp``,
         ``labels``); returned as written. The handoff's input and state are in its own record, not repeated. Under
-        ``log_input`` ``"redacted"`` and ``"none"`` values shaped like secrets are scrubbed from ``error`` as from a decision record's
-        (a reviewer's URL with ``?api-key=``, a key its error quotes). A failing sink drops it (counted in
-        ``dropped``, logged)."""
+        ``log_input`` ``"redacted"`` and ``"none"`` values shaped like secrets are scrubbed from ``error`` as from a
+        decision record's (a reviewer's URL with ``?api-key=``, a key its error quotes). A failing sink drops it
+        (counted in ``dropped``, logged)."""
         record: dict[str, Any] = {
             "kind": HANDOFF_OUTCOME_RECORD_KIND,
             "decision_id": verdict.decision_id,
