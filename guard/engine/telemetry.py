@@ -1142,11 +1142,12 @@ _CONNECTION_SECRET = re.compile(
     re.IGNORECASE,
 )
 #: An ``Authorization`` header written in text (a ``curl -H`` in a tool's arguments, an HTTP exchange pasted in a
-#: message, a headers dict's JSON or repr; ``Proxy-Authorization``, ``X-Authorization``, ``HTTP_AUTHORIZATION=``): the
-#: name, ``:`` or ``=``, a scheme that carries one opaque credential, quotes (group 1, kept), and the credential
-#: (group 2, masked where :data:`_NOT_A_WORD` tells it from a word).
+#: message, a headers dict's JSON or repr, a list of header pairs' ``'authorization', b'Bearer ...'``;
+#: ``Proxy-Authorization``, ``X-Authorization``, ``HTTP_AUTHORIZATION=``): the name, ``:`` or ``=`` (``,`` after a
+#: quoted name), a scheme that carries one opaque credential, quotes (group 1, kept), and the credential (group 2,
+#: masked where :data:`_NOT_A_WORD` tells it from a word).
 _AUTHORIZATION_LINE = re.compile(
-    r"(authorization[\"']?[ \t]*[:=][ \t]*[\"']?"
+    r"(authorization(?:[\"']?[ \t]*[:=]|[\"'][ \t]*,)[ \t]*b?[\"']?"
     r"(?:bearer|basic|token|negotiate|apikey|api-key|sharedkey|dpop)[ \t]+[\"']?)([A-Za-z0-9._~+/-]{8,}=*)",
     re.IGNORECASE,
 )

@@ -489,6 +489,8 @@ def test_values_that_are_not_json_are_written_as_their_repr() -> None:
     '{"headers": {"Authorization": "Basic dXNlcjpodW50ZXIycGFzcw=="}}',
     "{'Proxy-Authorization': 'Token opaqueBEARERtok12345'}",
     "HTTP_AUTHORIZATION=Bearer opaqueBEARERtok12345",
+    "[(b'authorization', b'Bearer opaqueBEARERtok12345')]",  # an ASGI scope's headers
+    '[["Authorization", "Bearer opaqueBEARERtok12345"]]',
 ])
 def test_an_authorization_header_written_in_text_has_its_credential_redacted(text: str) -> None:
     """A ``curl -H`` in a tool's arguments or a pasted request keeps an opaque bearer token or Basic pair that no key
