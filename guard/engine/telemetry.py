@@ -1151,10 +1151,12 @@ _AUTHORIZATION_LINE = re.compile(
     r"(?:bearer|basic|token|negotiate|apikey|api-key|sharedkey|dpop)[ \t]+[\"']?)([A-Za-z0-9._~+/-]{8,}=*)",
     re.IGNORECASE,
 )
-#: A ``Cookie`` or ``Set-Cookie`` header written in text (a ``curl -H``, a pasted exchange, a headers dict's JSON):
-#: the name, ``:`` and quotes (group 1, kept), and the value to the line's end or a quote (group 2), whose
-#: ``name=value`` pairs' values are masked (:data:`_COOKIE_PAIR`).
-_COOKIE_LINE = re.compile(r"((?:set-)?cookie[\"']?[ \t]*:[ \t]*[\"']?)([^\r\n\"']*)", re.IGNORECASE)
+#: A ``Cookie`` or ``Set-Cookie`` header written in text (a ``curl -H``, a pasted exchange, a headers dict's JSON, a
+#: list of header pairs' ``'cookie', b'sid=...'``): the name, ``:`` (``,`` after a quoted name) and quotes (group 1,
+#: kept), and the value to the line's end or a quote (group 2), whose ``name=value`` pairs' values are masked
+#: (:data:`_COOKIE_PAIR`).
+_COOKIE_LINE = re.compile(
+    r"((?:set-)?cookie(?:[\"']?[ \t]*:|[\"'][ \t]*,)[ \t]*b?[\"']?)([^\r\n\"']*)", re.IGNORECASE)
 #: One ``name=value`` pair of a cookie header: the name and ``=`` (group 1, kept) and the value up to ``;`` (a value
 #: may hold a comma; ``Set-Cookie`` lines folded with ``,`` are masked from the first value to the next ``;``).
 _COOKIE_PAIR = re.compile(r"((?:^|;)[ \t]*([^=;,\s]+)[ \t]*=)([^;]*)")

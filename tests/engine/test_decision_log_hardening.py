@@ -512,6 +512,7 @@ def test_an_authorization_scheme_followed_by_a_word_is_kept() -> None:
     "curl -H 'Cookie: sessionid=abcSESSIONxyz987; csrftoken=CSRFtok5551' https://api.example/v1",
     '{"headers": {"Cookie": "sessionid=abcSESSIONxyz987; csrftoken=CSRFtok5551"}}',
     "HTTP/1.1 200 OK\nSet-Cookie: sessionid=abcSESSIONxyz987, csrftoken=CSRFtok5551; HttpOnly\n",
+    "[(b'cookie', b'sessionid=abcSESSIONxyz987; csrftoken=CSRFtok5551')]",  # an ASGI scope's headers
 ])
 def test_a_cookie_header_written_in_text_has_its_values_redacted(text: str) -> None:
     """A session cookie pasted with its header name kept its value in clear under a field of no secret name."""
