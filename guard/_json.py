@@ -20,7 +20,7 @@ from typing import Any, Literal
 from guard.errors import InvalidJson
 
 __all__ = ["DEFAULT_MAX_DEPTH", "JSON_LEVELS", "DuplicateKeys", "Repeated", "dumps", "is_json_media", "json_offsets",
-           "json_readings", "json_strings", "json_unescaped", "loads", "unique_key"]
+           "json_readings", "json_strings", "json_unescaped", "loads", "pairs_rejecting", "unique_key"]
 
 def is_json_media(media: str) -> bool:
     """Whether a media type (lower-case, without parameters) is JSON: ``application/json`` or any structured
@@ -74,7 +74,12 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _pairs_rejecting(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def pairs_rejecting(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's members as a dict (``json.loads``' ``object_pairs_hook``).
+
+    Raises:
+        InvalidJson: ``duplicate_key``: a key appears twice.
+    """
     out: dict[str, Any] = dict(pairs)  # built in C; a key seen twice leaves the dict shorter than the pairs
     if len(out) == len(pairs):
         return out
@@ -161,7 +166,7 @@ def _check_surrogates(value: Any) -> None:
 # Built once: json.loads(**kwargs) would build a new decoder (and scanner) on every call.  Their C scanners are called
 # directly by _scan (what JSONDecoder.decode and raw_decode do, without their two Python frames).
 _REJECTING = json.JSONDecoder(
-    object_pairs_hook=_pairs_rejecting, parse_constant=_reject_constant, parse_float=_finite_float
+    object_pairs_hook=pairs_rejecting, parse_constant=_reject_constant, parse_float=_finite_float
 )
 _COLLECTING = json.JSONDecoder(
     object_pairs_hook=_pairs_collecting, parse_constant=_reject_constant, parse_float=_finite_float

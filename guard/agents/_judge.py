@@ -30,6 +30,7 @@ from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from guard._json import loads as strict_loads
+from guard._json import pairs_rejecting
 from guard.agents._quiet import quiet_model, quiet_tokens
 from guard.engine import verdicts
 from guard.engine.ids import new_decision_id
@@ -275,14 +276,6 @@ def _problem(exc: Any) -> str:
     return type(exc).__name__
 
 
-def _one_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """An object's members as a dict, refusing a key that repeats (``json.loads``' ``object_pairs_hook``)."""
-    value = dict(pairs)
-    if len(value) != len(pairs):
-        raise InvalidJson("duplicate_key", "a key repeats in an object")
-    return value
-
-
 def _check_sent_arguments(target: str, message: Any) -> None:
     """Read the arguments of an OpenAI-style tool call as the model sent them (``additional_kwargs``) for a repeated
     key: the integration parsed them keeping the last one, so ``{"decision": "deny", "decision": "allow"}`` was an
@@ -297,7 +290,7 @@ def _check_sent_arguments(target: str, message: Any) -> None:
         arguments = (call.get("function") or {}).get("arguments") if isinstance(call, dict) else None
         if isinstance(arguments, str):
             try:
-                json.loads(arguments, strict=False, object_pairs_hook=_one_each)
+                json.loads(arguments, strict=False, object_pairs_hook=pairs_rejecting)
             except ValueError as exc:  # InvalidJson, json.JSONDecodeError
                 raise _malformed_review(target, f"gave a structured answer that is not valid: {_problem(exc)}") from exc
 
