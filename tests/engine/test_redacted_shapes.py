@@ -109,7 +109,7 @@ def test_ordinary_fields_holding_those_letters_are_kept(name: str) -> None:
 def test_values_shaped_like_secrets_are_redacted_wherever_text_holds_them(text: str, gone: str, kept: str) -> None:
     subject = HttpSubject(method="POST", path="/v1/notes", body={"note": text}, body_text=text)
     event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"note": text}), subject)
-    logged = json.dumps(event)
+    logged = json.dumps({**event, "timestamp": None})  # its microseconds may hold 4 digits such as 4111
     assert gone not in logged and kept in event["input"]["body"]["note"] and kept in event["state"]["note"]
     full = DecisionLog(io.StringIO(), log_input="full").event(Verdict("allow", "d1", state={"note": text}), subject)
     assert full["state"]["note"] == text  # full keeps what no pointer names
