@@ -106,6 +106,14 @@ def load_tokenizer(path: str | Path) -> Any:
 
 
 def _check_aspect_ratio(width: int, height: int, where: str) -> None:
+    """Refuse an image the image processor cannot resize: one without pixels (a PIL image given to the Python API can
+    be 0 pixels wide; ``smart_resize`` divides by its sides) or with sides more than :data:`MAX_ASPECT_RATIO` apart.
+
+    Raises:
+        RequestValidationError: naming ``where``.
+    """
+    if min(width, height) < 1:
+        raise RequestValidationError([FieldError(where, f"is {width}x{height} pixels; an image needs at least one")])
     if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
         message = f"is {width}x{height} pixels; its sides may differ by a factor of {MAX_ASPECT_RATIO} at most"
         raise RequestValidationError([FieldError(where, message)])

@@ -352,6 +352,20 @@ def test_decode_image_refuses_sides_further_apart_than_the_processor_takes() -> 
     assert info.value.field == "images[1]"
 
 
+@pytest.mark.parametrize("size", [(0, 0), (0, 5), (5, 0)])
+def test_decode_image_refuses_a_pil_image_without_pixels(size: tuple[int, int]) -> None:
+    with pytest.raises(RequestValidationError, match=f"is {size[0]}x{size[1]} pixels; an image needs at least one"):
+        decode_image(Image.new("RGB", size), where="images[3]")
+
+
+def test_a_request_with_a_pil_image_without_pixels_is_refused_naming_it(golden_processor: ClefProcessor) -> None:
+    question = QuestionV1(id="q", type="noul", instructions="?")
+    request = SystemOneRequestV1(model="m", state="s", questions=(question,), images=(Image.new("RGB", (0, 0)),))
+    with pytest.raises(RequestValidationError) as info:  # was a ZeroDivisionError in smart_resize
+        encode_record(request, golden_processor)
+    assert info.value.field == "images[0]"
+
+
 def _dds_with_unknown_pixel_format() -> bytes:
     from PIL import Image
 
