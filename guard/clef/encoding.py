@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -205,6 +206,24 @@ def _refuse_media_pads(processor: ClefProcessor, pieces: list[tuple[str, list[in
     ]
     if errors:
         raise RequestValidationError(errors)
+
+
+#: A UTF-16 surrogate code point (U+D800-U+DFFF), which is not text: the tokenizer refuses a string holding one.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _refuse_surrogates(texts: Sequence[tuple[str, str]]) -> None:
+    """Refuse caller text holding a lone surrogate (a request built in Python; JSON bodies are refused before), once
+    the tokenizer refused a text (``TypeError``, or ``UnicodeEncodeError`` from its normalizer): searched only then,
+    so text that tokenizes costs nothing more. ``texts`` are ``(field, text)``; the error names each field once.
+
+    Raises:
+        RequestValidationError: naming every field whose text holds a surrogate; nothing when none does.
+    """
+    fields = dict.fromkeys(where for where, text in texts if _SURROGATE.search(text))
+    if fields:
+        message = "holds a lone UTF-16 surrogate (U+D800-U+DFFF), which is not text and cannot be tokenized"
+        raise RequestValidationError([FieldError(where, message) for where in fields])
 
 
 #: A state is tokenized whole only up to this many characters per token it can keep (plus :data:`HEAD_MARGIN`);
@@ -411,15 +430,20 @@ def encode_record(
             ``questions.<id>.instructions`` when a question span would be empty (id ``""`` and no instructions: the
             reference would return NaN); for a request with media, naming ``state`` or the question field whose
             text holds an image or video pad token (:func:`_refuse_media_pads`), or ``images`` when the images'
-            tokens, counted from their headers before any is decoded, leave the schema no room; media errors from the
-            processor.
+            tokens, counted from their headers before any is decoded, leave the schema no room; naming ``state``
+            or the question field whose text holds a lone surrogate (:func:`_refuse_surrogates`); media errors from
+            the processor.
     """
     if not request.questions:
         raise RequestValidationError([FieldError("questions", "at least one question is required")])
     schema_texts, marks, fields = _schema_texts(request.questions)
     prefix_ids, suffix_ids = processor.encode_texts([PREFIX, SUFFIX])
     schema_budget = max_length - len(prefix_ids) - len(suffix_ids)
-    schema_pieces, complete = schema_ids(processor, schema_texts, schema_budget)
+    try:
+        schema_pieces, complete = schema_ids(processor, schema_texts, schema_budget)
+    except (TypeError, UnicodeEncodeError):
+        _refuse_surrogates([(where, schema_texts[piece]) for piece, where in fields.items()])
+        raise
     if not complete:
         least = len(prefix_ids) + sum(map(len, schema_pieces)) + len(suffix_ids)
         message = f"schema requires at least {least} tokens before state; maximum is {max_length}"
@@ -443,7 +467,12 @@ def encode_record(
         message = f"schema requires {fixed} tokens before state; maximum is {max_length}"
         raise RequestValidationError([FieldError("questions", message)])
     budget = max_length - fixed if max_state_tokens is None else min(max_state_tokens, max_length - fixed)
-    state_ids, state_count = state_head(processor, render(request.state), budget)
+    state = render(request.state)
+    try:
+        state_ids, state_count = state_head(processor, state, budget)
+    except (TypeError, UnicodeEncodeError):
+        _refuse_surrogates([("state", state)])
+        raise
     if media is not None:
         _refuse_media_pads(processor, [("state", state_ids)])
     untruncated = fixed + state_count

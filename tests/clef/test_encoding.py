@@ -171,6 +171,32 @@ def test_media_pads_in_the_text_of_a_request_with_images_are_refused(
     assert golden_processor.image_token_id in encode_record(_request(body), golden_processor).input_ids
 
 
+@pytest.mark.parametrize(
+    ("state", "question", "fields"),
+    [
+        ("a \ud800 b", {"type": "noul", "instructions": "?"}, ["state"]),
+        ({"k": ["\udfff"]}, {"type": "noul", "instructions": "?"}, ["state"]),
+        ("\u0939\u093f" * 3000 + "\ud800", {"type": "noul", "instructions": "?"}, ["state"]),  # no ASCII: normalized
+        ("s", {"type": "noul", "instructions": "x \ud800"}, ["questions.q.instructions"]),
+        ("s", {"type": "choice", "criteria": {"a\udc00": 1, "b": None}}, ["questions.q.criteria"]),
+        ("\ud800", {"type": "noul", "criteria": {"true": "\ud800", "false": "\udbff"}}, ["questions.q.criteria"]),
+    ],
+)
+def test_a_lone_surrogate_in_the_text_is_refused_naming_the_field(
+    state: Any, question: dict[str, Any], fields: list[str], golden_processor: ClefProcessor
+) -> None:
+    """The tokenizer refuses a string holding one (a TypeError, or its normalizer's UnicodeEncodeError)."""
+    request = _request({"model": "m", "state": state, "questions": {"q": question}})
+    with pytest.raises(RequestValidationError, match="lone UTF-16 surrogate") as info:
+        encode_record(request, golden_processor, max_length=300)
+    assert [e.field for e in info.value.errors] == fields
+
+
+def test_a_lone_surrogate_in_the_dropped_tail_of_the_state_is_never_read(golden_processor: ClefProcessor) -> None:
+    request = _request({"model": "m", "state": "word " * 2000 + "\ud800", "questions": {"q": {"type": "noul"}}})
+    assert encode_record(request, golden_processor, max_length=300).truncated
+
+
 def test_unicode_is_nfc_normalized_and_kept_unescaped(golden_processor: ClefProcessor) -> None:
     composed = encode_record(
         _request({"model": "m", "state": {"k": "café"}, "questions": {"q": {"type": "noul"}}}), golden_processor
