@@ -276,6 +276,8 @@ class SystemOneRequestV1:
         questions = _validate_questions(body.get("questions"), strict, errors)
         images = _validate_images(body.get("images"), strict, errors)
         videos = body.get("videos") if not strict else None
+        if not isinstance(videos, (list, tuple, type(None))):
+            errors.append(FieldError("videos", f"must be an array of videos (frame arrays), got {_json_type(videos)}"))
         if errors:
             raise RequestValidationError(errors)
         return cls(

@@ -175,6 +175,19 @@ def test_reference_profile_takes_at_most_four_images_too() -> None:
     assert len(SystemOneRequestV1.from_json({**body, "images": body["images"][:4]}, profile="reference").images) == 4
 
 
+@pytest.mark.parametrize(("videos", "kind"), [(5, "number"), (True, "boolean"), ("abc", "string"), ({"a": [1]}, "object")])
+def test_reference_profile_refuses_videos_that_are_no_array(videos: object, kind: str) -> None:
+    """``videos: 5`` raised TypeError (``guard decide`` printed a traceback; the worker's reference profile a 500)."""
+    body = {**_request(q={"type": "noul", "instructions": "x"}), "videos": videos}
+    with pytest.raises(RequestValidationError) as info:
+        SystemOneRequestV1.from_json(body, profile="reference")
+    assert [(e.field, e.message) for e in info.value.errors] == [
+        ("videos", f"must be an array of videos (frame arrays), got {kind}")
+    ]
+    assert SystemOneRequestV1.from_json({**body, "videos": [[1]]}, profile="reference").videos == ([1],)
+    assert SystemOneRequestV1.from_json({**body, "videos": None}, profile="reference").videos == ()
+
+
 def test_reference_profile_accepts_what_the_reference_accepts() -> None:
     body = {
         "model": "m",
