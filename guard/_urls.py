@@ -74,6 +74,14 @@ def password_unclear(url: str) -> bool:
             or any("@" in pair.partition("=")[0] or "=" not in pair for pair in pairs if "@" in pair))  # fmt: skip
 
 
+def _port_unclear(authority: str) -> bool:
+    """Whether what follows the host in ``authority`` (after its userinfo's last ``@``) is not a port of digits, as
+    when a password is given without its ``@`` and host (``redis://user:password``: a URL parser reads the password
+    as the port); a host in brackets (an IP literal) is left to the URL parser."""
+    host = authority.rpartition("@")[2]
+    return "[" not in host and _HOST_PORT.fullmatch(host) is None
+
+
 def percent_u_decoded(text: str) -> str:
     """``text`` with its ``%uXXXX`` escapes (:data:`PERCENT_U_RE`) decoded, a surrogate pair joined into its
     character and a lone surrogate read as U+FFFD; ``%XX`` escapes are left as they are."""
@@ -86,14 +94,15 @@ def shown_url(url: str) -> str:
     """``url`` without userinfo (``user:password@``), query and fragment, which can hold credentials;
     ``scheme://[hidden]`` when a password in it may hold a ``/``, ``?`` or ``#`` not percent-encoded
     (:func:`password_unclear`: a URL parser would read part of it as host, path, query or fragment, so no part of the
-    URL is shown); ``[hidden]`` when it has an ``@`` but no ``scheme://`` (``user:password@host``: no userinfo to
+    URL is shown), or when its port is not a number (``redis://user:password``, the ``@`` and host left out: the
+    password is read as the port); ``[hidden]`` when it has an ``@`` but no ``scheme://`` (``user:password@host``: no userinfo to
     drop); ``[unparsable URL]`` when :func:`urllib.parse.urlsplit` refuses what is left."""
     parts = _split(url)
     if (parts is None or not _SCHEME.fullmatch(parts[0])) and "@" in url:
         return "[hidden]"
     if parts is not None:
         scheme, authority, path, _, _ = parts
-        if password_unclear(url):
+        if password_unclear(url) or _port_unclear(authority):
             return f"{scheme}://[hidden]"
         url = f"{scheme}://{authority.rpartition('@')[2]}{path}"
     try:

@@ -1038,11 +1038,12 @@ def redis_options(
         ValueError: ``url`` is not one redis-py can connect with: another scheme than ``redis://``, ``rediss://``
             and ``unix://`` (``redis+sentinel://``, a bare ``host:port``), a database in the path that is not a
             number, an option redis-py does not know or whose value it cannot read (``?socket_timeout=fast``,
-            ``?protocol=4``), an ``@`` after the host that may end a password whose ``/``, ``?`` or ``#`` is not
-            percent-encoded (:func:`~guard._urls.password_unclear`: ``redis://user:pa/ss@host/0``; not an ``@`` in
-            a ``unix://`` socket path or a query value). The message (``<role> URL '...' cannot be used: ...``)
-            names the URL without credentials or query (:func:`~guard._urls.shown_url`: ``redis://[hidden]`` when
-            where the password ends is unclear).
+            ``?protocol=4``), a port that is not a number (``redis://user:password``, the ``@`` and host left out), an
+            ``@`` after the host that may end a password whose ``/``, ``?`` or ``#`` is not percent-encoded
+            (:func:`~guard._urls.password_unclear`: ``redis://user:pa/ss@host/0``; not an ``@`` in a ``unix://``
+            socket path or a query value). The message (``<role> URL '...' cannot be used: ...``) names the URL
+            without credentials or query (:func:`~guard._urls.shown_url`: ``redis://[hidden]`` when where the
+            password ends is unclear, or the port is not a number).
     """
     connect = op_timeout if connect_timeout is None else connect_timeout
     defaults: dict[str, Any] = {"socket_timeout": op_timeout, "socket_connect_timeout": connect,
@@ -1056,8 +1057,14 @@ def redis_options(
             raise ValueError("where its host starts is unclear, as when a password holds a '/', '?' or '#' before an "
                              "'@': percent-encode '@', '/', '?' and '#' in a password (%40, %2F, %3F, %23), else part "
                              "of it is read as the host, database or options")
+        split = urlsplit(url)
+        try:
+            _ = split.port  # ValueError for a port that is not a number from 0 to 65535
+        except ValueError:  # whose message quotes the port: a password, when its @ and host were left out
+            raise ValueError("its port is not a number from 0 to 65535 (a password goes before an '@' and the host: "
+                             "redis://user:password@host:6379/0)") from None
         options = {**defaults, **parse_url(url), "decode_responses": False}
-        database = unquote(urlsplit(url).path).replace("/", "")
+        database = unquote(split.path).replace("/", "")
         if not url.lower().startswith("unix:") and database and not database.isdigit():
             raise ValueError(f"the database {database!r} in its path is not a number")
         aioredis.ConnectionPool(**options).make_connection()  # refuses an option it does not know, or protocol=4
