@@ -307,7 +307,8 @@ class ProbabilityCache:
             weakref.WeakKeyDictionary()
         )
         # Answers this process holds, decoded and checked: key -> (answered from here until (monotonic s), answers,
-        # the raw value they were decoded from: b"" in the in-process cache). LRU, at most config.max_entries.
+        # the raw value they were decoded from: b"" in the in-process cache, and for answers not (yet) stored). LRU,
+        # at most config.max_entries.
         self._entries: OrderedDict[str, tuple[float, CachedAnswers, bytes]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -794,8 +795,9 @@ return 0
     def _decode(self, key: str, raw: bytes, request: SystemOneRequestV1, ttl: float) -> CachedAnswers | None:
         """The checked answers in ``raw``, just read from Redis, now held in process for ``local_ttl`` (at most
         ``ttl``): reused when ``raw`` is the value held for ``key`` (the key hashes the questions, so the same bytes
-        check and decode the same way), else decoded and checked now. ``None`` when checking it raised an error of
-        guard's own (a bug, counted and logged by :meth:`_internal_error`): a miss.
+        check and decode the same way; never an empty value, the one answers held without a stored value carry),
+        else decoded and checked now. ``None`` when checking it raised an error of guard's own (a bug, counted and
+        logged by :meth:`_internal_error`): a miss.
 
         Raises:
             ForgedEntry: ``raw`` does not carry this cache's seal for ``key``.
@@ -804,7 +806,7 @@ return 0
         """
         with self._lock:
             held = self._entries.get(key)
-        if held is not None and held[2] == raw:
+        if raw and held is not None and held[2] == raw:  # b"" names no stored value: an empty value read is checked
             answers = held[1]
         else:
             try:

@@ -537,6 +537,49 @@ async def test_a_planted_lock_is_not_waited_out(redis_url: str, create_redis: An
     await guard.aclose()
 
 
+class _FirstReadFails(RedisCache):
+    """A Redis cache whose first operation finds Redis down."""
+
+    failed = False
+
+    async def _op(self, fn: Any) -> Any:
+        if not self.failed:
+            self.failed = True
+            return await super()._op(_down)
+        return await super()._op(fn)
+
+
+async def _down(client: Any) -> Any:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    raise RedisConnectionError("down")
+
+
+@pytest.mark.anyio
+async def test_an_empty_value_is_checked_where_answers_are_held_that_were_never_stored(
+    redis_url: str, create_redis: Any
+) -> None:
+    """Answers held in process without a stored value (Redis did not answer their read) carry b"" as the value they
+    were read from, and an empty value written to Redis without the store key matched it once the copy expired: a
+    hit, neither counted as forged nor overwritten, so every other replica kept reading it."""
+    config = CacheConfig(url=redis_url, prefix=create_redis.prefix, op_timeout=0.5, local_ttl=0.05)
+    held, other = _FirstReadFails(config), RedisCache(config)
+    backend = ScriptedBackend(by_text)
+    guard = Guard(policies(), backends=backend, cache=held)
+    assert (await guard.aevaluate(subject("ignore"))).action == "block"  # held in process only
+    other_guard = Guard(policies(), backends=ScriptedBackend(by_text), cache=other)
+    await other_guard.aevaluate(subject("ignore"))  # stored, so the key is known
+    (name,) = await keys(create_redis)
+    client = create_redis()
+    await client.set(name, b"")
+    await asyncio.sleep(0.1)  # past local_ttl
+    verdict = await guard.aevaluate(subject("ignore"))
+    assert (verdict.action, held.health().forged, backend.calls) == ("block", 1, 2)
+    assert await client.get(name) not in (b"", None)  # overwritten with sealed answers
+    await guard.aclose()
+    await other_guard.aclose()
+
+
 @pytest.mark.anyio
 async def test_redis_hits_read_a_value_another_replica_rewrote(redis_url: str, create_redis: Any) -> None:
     cache = redis_cache(redis_url, create_redis.prefix, local_ttl=0)  # every hit reads Redis
