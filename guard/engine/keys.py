@@ -14,21 +14,23 @@ from guard.systemone import QuestionV1, SystemOneRequestV1
 __all__ = ["KEY_VERSION", "KeyTemplate", "cache_key", "scoped_key"]
 
 #: Bump when the key material changes; old entries then simply miss.
-KEY_VERSION = 2
+KEY_VERSION = 3
 
 
 def _media(value: Any) -> Any:
     """The key material of a value JSON cannot encode (Python API only): an array (a video's frames: numpy's, or a
     torch tensor, read through ``numpy(force=True)``) by its shape, dtype and bytes; a PIL image by its mode, size and
-    pixels, a palette image's ("P", "PA") as RGBA (its pixels are indexes: the palette and transparency decide what
-    the model sees); anything else by its repr."""
+    pixels, a palette image's ("P", "PA") and one with a transparent colour (``info["transparency"]``, which the
+    processor composites onto white) as RGBA (a palette image's pixels are indexes: the palette and transparency
+    decide what the model sees); anything else by its repr."""
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         array = value if callable(getattr(value, "tobytes", None)) else value.numpy(force=True)
         return {"array": [list(array.shape), str(array.dtype), hashlib.sha256(array.tobytes()).hexdigest()]}
     tobytes = getattr(value, "tobytes", None)
     if callable(tobytes):
         mode = getattr(value, "mode", "")
-        pixels = value.convert("RGBA").tobytes() if mode in ("P", "PA") else tobytes()
+        keyed = mode in ("P", "PA") or getattr(value, "info", {}).get("transparency") is not None
+        pixels = value.convert("RGBA").tobytes() if keyed else tobytes()
         return {"image": [mode, list(getattr(value, "size", ())), hashlib.sha256(pixels).hexdigest()]}
     return repr(value)
 

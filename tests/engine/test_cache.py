@@ -138,6 +138,18 @@ def test_cache_key_reads_videos_and_a_palette_images_colours() -> None:
     assert len(set(images)) == len(images)
     assert key(images=(palette_image([0, 0, 0]),)) == images[0]
 
+    def red(mode: str, transparency: Any = None) -> Any:
+        image = Image.new(mode, (2, 2), (255, 0, 0) if mode == "RGB" else 76)
+        if transparency is not None:
+            image.info["transparency"] = transparency
+        return image
+
+    # a colour key (an RGB or greyscale PNG's tRNS) makes that colour white for the model: pixels alone shared one
+    # entry between an image whose text is in that colour and the same image whose text the model never sees
+    keyed = [key(images=(red("RGB"),)), key(images=(red("RGB", (255, 0, 0)),)), key(images=(red("L"),)),
+             key(images=(red("L", 76),))]
+    assert len(set(keyed)) == len(keyed)
+
 
 # In-process cache ---------------------------------------------------------------------------------------------------
 
