@@ -75,11 +75,18 @@ def password_unclear(url: str) -> bool:
 
 
 def _port_unclear(authority: str) -> bool:
-    """Whether what follows the host in ``authority`` (after its userinfo's last ``@``) is not a port of digits, as
-    when a password is given without its ``@`` and host (``redis://user:password``: a URL parser reads the password
-    as the port); a host in brackets (an IP literal) is left to the URL parser."""
+    """Whether what follows the host in ``authority`` (after its userinfo's last ``@``) is not a port from 0 to
+    65535, as when a password is given without its ``@`` and host (``redis://user:password``, or
+    ``redis://user:123456``: a URL parser reads the password as the port); a host in brackets (an IP literal) is left
+    to the URL parser."""
     host = authority.rpartition("@")[2]
-    return "[" not in host and _HOST_PORT.fullmatch(host) is None
+    if "[" in host:
+        return False
+    match = _HOST_PORT.fullmatch(host)
+    if match is None:
+        return True
+    digits = (match.group(2) or ":")[1:].lstrip("0")
+    return len(digits) > 5 or int(digits or 0) > 65535
 
 
 def percent_u_decoded(text: str) -> str:
@@ -94,9 +101,9 @@ def shown_url(url: str) -> str:
     """``url`` without userinfo (``user:password@``), query and fragment, which can hold credentials;
     ``scheme://[hidden]`` when a password in it may hold a ``/``, ``?`` or ``#`` not percent-encoded
     (:func:`password_unclear`: a URL parser would read part of it as host, path, query or fragment, so no part of the
-    URL is shown), or when its port is not a number (``redis://user:password``, the ``@`` and host left out: the
-    password is read as the port); ``[hidden]`` when it has an ``@`` but no ``scheme://`` (``user:password@host``: no userinfo to
-    drop); ``[unparsable URL]`` when :func:`urllib.parse.urlsplit` refuses what is left."""
+    URL is shown), or when its port is not a number from 0 to 65535 (``redis://user:password``, the ``@`` and host
+    left out: the password is read as the port); ``[hidden]`` when it has an ``@`` but no ``scheme://``
+    (``user:password@host``: no userinfo to drop); ``[unparsable URL]`` when :func:`urllib.parse.urlsplit` refuses what is left."""
     parts = _split(url)
     if (parts is None or not _SCHEME.fullmatch(parts[0])) and "@" in url:
         return "[hidden]"

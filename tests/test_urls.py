@@ -23,6 +23,9 @@ from guard.engine.cache import redis_options
     # a password whose '@' and host were left out is read as the port: a port that is not a number is not shown
     ("redis://default:hunter2", "redis://[hidden]"),
     ("https://svc:hunter2/v1", "https://[hidden]"),
+    ("redis://default:123456", "redis://[hidden]"),  # a password of digits past the last port
+    ("redis://default:00000000000000000000123456/0", "redis://[hidden]"),
+    ("redis://redis:0006379/0", "redis://redis:0006379/0"),
     # an '@' that starts a path segment, or in a query's value, is the URL's own (the query is not shown)
     ("https://api.cloudflare.com/client/v4/accounts/a/ai/run/@cf/cloudflare/m",
      "https://api.cloudflare.com/client/v4/accounts/a/ai/run/@cf/cloudflare/m"),
@@ -70,10 +73,12 @@ def test_a_redis_url_with_an_at_after_its_host_is_refused_only_when_a_password_m
     assert str(info.value).startswith(f"cache URL {shown!r} cannot be used: where its host starts is unclear, ")
 
 
-@pytest.mark.parametrize("url", ["redis://default:hunter2", "rediss://:hunter2/0", "redis://u:hunter2@h:99999/0"])
+@pytest.mark.parametrize(
+    "url", ["redis://default:hunter2", "rediss://:hunter2/0", "redis://u:hunter2@h:99999/0", "redis://u:123456/0"]
+)
 def test_a_redis_url_whose_port_is_not_a_number_is_refused_without_showing_it(url: str) -> None:
     """A password whose '@' and host were left out (``redis://user:password``) is read as the port, and the error
     quoted it twice: in the URL shown and in redis-py's "Port could not be cast to integer value as 'hunter2'"."""
     with pytest.raises(ValueError, match="its port is not a number") as info:
         redis_options(url)
-    assert "hunter2" not in str(info.value)
+    assert "hunter2" not in str(info.value) and "123456" not in str(info.value)
