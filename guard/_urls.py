@@ -5,7 +5,7 @@ them."""
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from guard._json import surrogates_joined
 
@@ -16,6 +16,7 @@ __all__ = [
     "password_unclear",
     "percent_u_decoded",
     "shown_url",
+    "split_url",
 ]
 
 #: A ``%uXXXX`` escape: one UTF-16 code unit, which IIS and classic ASP.NET (``HttpUtility.UrlDecode``, behind
@@ -87,6 +88,28 @@ def _port_unclear(authority: str) -> bool:
         return True
     digits = (match.group(2) or ":")[1:].lstrip("0")
     return len(digits) > 5 or int(digits or 0) > 65535
+
+
+def split_url(url: str) -> SplitResult:
+    """:func:`urllib.parse.urlsplit` of ``url``, its port checked (urlsplit checks it only when it is read).
+
+    Raises:
+        ValueError: with a message that quotes no part of ``url``, as urlsplit's own quote what they refuse: a
+            password, when its ``@`` and host were left out, is read as the port (``https://user:password``), or as
+            an IP literal (``https://user:[password]``); a netloc whose NFKC form holds ``/``, ``?``, ``#``, ``@`` or
+            ``:`` is quoted whole, password included.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        raise ValueError("it does not parse as a URL (a '[' or ']' not around an IP address, or a character whose "
+                         "NFKC form is '/', '?', '#', '@' or ':' before the path)") from None
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port only when it is read
+    except ValueError:
+        raise ValueError("its port is not a number from 0 to 65535 (a password goes before an '@' and the host: "
+                         "scheme://user:password@host:port/)") from None
+    return parts
 
 
 def percent_u_decoded(text: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from guard._urls import shown_url
 from guard.backends.base import DecisionBackend
 from guard.backends.batcher import BatcherConfig, BatcherState, BatcherStats, BatchInfo, MicroBatcher
 from guard.backends.fixture import FixtureBackend
@@ -78,11 +79,12 @@ def open_backend(spec: str, *, dtype: Any = None, device: str = "cpu", api_key: 
 
 def _http_backend(spec: str, url: str, api_key: str | None) -> SystemOneClient:
     """The System One client of ``url``, the URL in ``spec``; raises ``ValueError`` naming ``--backend`` and the spec
-    for a URL the client refuses."""
+    (as :func:`~guard._urls.shown_url` shows it: no credentials) for a URL the client refuses."""
     try:
         return SystemOneClient(url, api_key=api_key)
     except ValueError as exc:
-        raise ValueError(f"--backend {spec!r}: {exc}") from None
+        shown = spec[: len(spec) - len(url)] + shown_url(url)  # "http:" kept before the URL that follows it
+        raise ValueError(f"--backend {shown!r}: {exc}") from None
 
 
 async def start_backend(backend: DecisionBackend) -> None:

@@ -40,14 +40,13 @@ import math
 import time
 from collections.abc import Collection, Mapping
 from typing import Any, Self
-from urllib.parse import urlsplit
 
 import httpx
 from opentelemetry import baggage, propagate
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
 from guard._json import loads
-from guard._urls import shown_url
+from guard._urls import shown_url, split_url
 from guard.backends._providers import (
     DEFAULT_HTTP_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
@@ -161,13 +160,12 @@ class SystemOneClient:
     ) -> None:
         if provider not in PROVIDERS:
             raise ValueError(f"provider must be one of {sorted(PROVIDERS)}, got {provider!r}")
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"url must be an http:// or https:// URL with a host, got {url!r}")
         try:
-            parts.port  # noqa: B018 - urlsplit checks the port only when it is read
+            parts = split_url(url)
         except ValueError as exc:
-            raise ValueError(f"url {url!r}: {exc}") from None
+            raise ValueError(f"url {shown_url(url)!r}: {exc}") from None
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"url must be an http:// or https:// URL with a host, got {shown_url(url)!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         if parts.path in ("", "/"):

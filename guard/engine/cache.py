@@ -59,14 +59,14 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection, parse_url
 from redis.exceptions import RedisError, ResponseError
 
 from guard._seal import Sealer
-from guard._urls import password_unclear, shown_url
+from guard._urls import password_unclear, shown_url, split_url
 from guard.engine.keys import cache_key
 from guard.errors import BackendError, BackendTimeout, BackendUnavailable, MalformedAnswer
 from guard.systemone import SystemOneRequestV1, SystemOneResponseV1
@@ -1059,12 +1059,7 @@ def redis_options(
             raise ValueError("where its host starts is unclear, as when a password holds a '/', '?' or '#' before an "
                              "'@': percent-encode '@', '/', '?' and '#' in a password (%40, %2F, %3F, %23), else part "
                              "of it is read as the host, database or options")
-        split = urlsplit(url)
-        try:
-            _ = split.port  # ValueError for a port that is not a number from 0 to 65535
-        except ValueError:  # whose message quotes the port: a password, when its @ and host were left out
-            raise ValueError("its port is not a number from 0 to 65535 (a password goes before an '@' and the host: "
-                             "redis://user:password@host:6379/0)") from None
+        split = split_url(url)  # refused without quoting the port: a password, when its @ and host were left out
         options = {**defaults, **parse_url(url), "decode_responses": False}
         database = unquote(split.path).replace("/", "")
         if not url.lower().startswith("unix:") and database and not database.isdigit():

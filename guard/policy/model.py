@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from guard._urls import REFUSED_PATH_ESCAPES, is_path_control
+from guard._urls import REFUSED_PATH_ESCAPES, is_path_control, split_url
 from guard.policy._state import Repeats
 from guard.policy.rules import MAX_WHEN_CHARS, MAX_WHEN_DEPTH
 from guard.systemone import ID_PATTERN
@@ -681,8 +681,7 @@ class HandoffTargetSpec(_Strict):
     def _http_url(cls, url: str) -> str:
         # the URL is not quoted back: one that does not parse as intended may hold a key where a host would be
         try:
-            parts = urlsplit(url)
-            parts.port  # noqa: B018 - urlsplit checks the port only when it is read
+            parts = split_url(url)
         except ValueError as exc:
             raise ValueError(f"base_url is not a URL: {exc}") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:

@@ -183,8 +183,8 @@ def test_a_unix_spec_is_a_worker_on_that_socket() -> None:
         ("ftp://host", r"--backend 'ftp://host': expected compact, compact:DIR, local:CHECKPOINT_DIR, http:URL"),
         ("http:ftp://host", ("^--backend 'http:ftp://host': url must be an http:// or https:// URL with a host, got "
                             "'ftp://host'$")),
-        ("http://127.0.0.1:99999", "Port out of range"),  # was an OverflowError per request
-        ("http:http://127.0.0.1:-1", "Port"),
+        ("http://127.0.0.1:99999", "its port is not a number from 0 to 65535"),  # was an OverflowError per request
+        ("http:http://127.0.0.1:-1", "^--backend 'http:http://\\[hidden\\]': url 'http://\\[hidden\\]': its port"),
         ("local:", "expected compact"),
         ("unix:", "expected compact.*or unix:SOCKET"),
         ("clef", "expected compact"),
@@ -193,6 +193,18 @@ def test_a_unix_spec_is_a_worker_on_that_socket() -> None:
 def test_unusable_specs_are_one_clear_error(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         open_backend(spec)
+
+
+@pytest.mark.parametrize(
+    "spec", ["https://svc:hunter2/v1", "http:https://svc:hunter2/v1", "https://u:x@h:hunter2/v1",
+             "https://svc:[hunter2]/v1", "https://svc:hunter2\uff03@h/v1", "http:ftp://svc:hunter2@h/v1"],
+)
+def test_a_refused_backend_url_is_named_without_its_password(spec: str) -> None:
+    """A password whose '@' and host were left out is read as the port (or an IP literal, in brackets): the URL was
+    quoted whole, twice, and urlsplit's own error quoted the password again."""
+    with pytest.raises(ValueError, match="^--backend ") as info:
+        open_backend(spec)
+    assert "hunter2" not in str(info.value)
 
 
 def test_the_policy_test_factory_loads_a_checkpoint_once(golden_checkpoint: Path, tmp_path: Path) -> None:

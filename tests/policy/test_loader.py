@@ -284,7 +284,9 @@ def test_file_level_shape() -> None:
     ok = load_text(targets.replace("timeout: -1", "api_key_env: K") + handoff)
     assert ok[0].handoff_targets["t"].api_key_env == "K"
     for url in ("http://[::1/v1", "ftp://x/v1", "/v1", "http://:80/v1", "htps://svc:sk-live-KEY@llm/v1?key=QKEY",
-                "http://svc:sk-live-KEY@llm:99999/v1", "svc:sk-live-KEY@llm:8080/v1"):  # each a 500 per request first
+                "http://svc:sk-live-KEY@llm:99999/v1", "svc:sk-live-KEY@llm:8080/v1",  # each a 500 per request first
+                # a key whose '@' and host were left out: urlsplit's errors quoted it as the port or an IP literal
+                "http://svc:sk-live-KEY/v1", "http://svc:[sk-live-KEY]/v1", "http://svc:sk-live-KEY\uff03@llm/v1"):
         error = load_error(targets.replace("http://x/v1", url).replace("timeout: -1", "timeout: 1") + handoff)
         assert error.key == "handoff_targets.t.base_url" and "base_url" in error.reason
         assert "sk-live" not in error.reason and "QKEY" not in error.reason  # the URL as logs show it
