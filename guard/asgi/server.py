@@ -5,7 +5,8 @@ uvicorn closes an idle keep-alive connection after ``timeout_keep_alive`` (5 s) 
 and sends a byte every few seconds holds it forever (slowloris). :func:`head_timeout_protocol` returns uvicorn's h11
 protocol with one more timer: a connection that has not sent a complete request head within ``header_timeout``
 seconds of being opened (or of its previous response, plus the keep-alive time) is answered 408 and closed. A
-request being served is never cut by it. Body timeouts are the ASGI side's job: guard's body reader
+request being served is never cut by it. A request h11 cannot parse (a CR or NUL in a header value) is answered 400
+with a JSON ``{code: invalid_http, message, field, errors}``, as guard's other refusals are, and closed. Body timeouts are the ASGI side's job: guard's body reader
 (``BodyLimits.body_timeout_s``) and the proxy's forwarding (``ProxyConfig.body_idle_timeout``).
 
 :func:`server_options` are the uvicorn settings ``guard proxy`` serves with (this protocol; the event loop uvicorn's
@@ -47,6 +48,11 @@ __all__ = [
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 _TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+_INVALID_HTTP_BODY = (b'{"code":"invalid_http","message":"the request is not valid HTTP/1.1 (a header value holding a CR, LF '
+                      b'or NUL, a malformed Content-Length, a target that is not ASCII); it was not served",'
+                      b'"field":null,"errors":[]}')
+_INVALID_HTTP_RESPONSE = (b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                          b"content-length: %d\r\n\r\n" % len(_INVALID_HTTP_BODY) + _INVALID_HTTP_BODY)
 
 
 class _HeadTimeoutH11(H11Protocol):
@@ -86,6 +92,12 @@ class _HeadTimeoutH11(H11Protocol):
     def handle_websocket_upgrade(self, event: Any) -> None:
         self._cancel_head()  # the connection becomes a WebSocket's: no HTTP head is awaited on it any more
         super().handle_websocket_upgrade(event)
+
+    def send_400_response(self, msg: str) -> None:
+        """Answer a request h11 cannot parse with a JSON error, as guard answers every other refusal (uvicorn's is
+        text), and close the connection."""
+        self.transport.write(_INVALID_HTTP_RESPONSE)
+        self.transport.close()
 
     def _head_expired(self) -> None:
         self._head_timer = None

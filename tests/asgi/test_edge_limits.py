@@ -85,6 +85,25 @@ def test_a_head_that_does_not_arrive_in_time_is_closed() -> None:
         conn.close()
 
 
+@pytest.mark.parametrize("head", [
+    b"GET /slow HTTP/1.1\r\nHost: x\r\nx-request-id: a\rb\r\n\r\n",
+    b"GET /slow HTTP/1.1\r\nHost: x\r\nx-request-id: a\x00b\r\n\r\n",
+    b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    "GET /v1/models/\u00e9 HTTP/1.1\r\nHost: x\r\n\r\n".encode(),
+], ids=["cr-in-header", "nul-in-header", "negative-length", "utf8-target"])
+def test_a_request_that_is_not_http_is_refused_with_a_json_error(head: bytes) -> None:
+    """h11 refuses these before the app runs; uvicorn answered them in text, the only refusal that was not JSON."""
+    app = Starlette(routes=[Route("/slow", _slow)])
+    with serve_in_thread(app, http=head_timeout_protocol(5)) as base:
+        conn = socket.create_connection(("127.0.0.1", _port(base)))
+        conn.sendall(head)
+        data, took = _closed_within(conn, 5)
+        conn.close()
+    status, _, body = data.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in status.lower()
+    assert json.loads(body)["code"] == "invalid_http" and took < 5
+
+
 @pytest.mark.anyio
 async def test_a_stalled_judged_body_is_refused_and_a_stalled_forwarded_body_cut(make_guard: GuardFactory) -> None:
     guard = make_guard()
