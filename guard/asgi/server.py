@@ -6,8 +6,10 @@ and sends a byte every few seconds holds it forever (slowloris). :func:`head_tim
 protocol with one more timer: a connection that has not sent a complete request head within ``header_timeout``
 seconds of being opened (or of its previous response, plus the keep-alive time) is answered 408 and closed. A
 request being served is never cut by it. A request h11 cannot parse (a CR or NUL in a header value) is answered 400
-with a JSON ``{code: invalid_http, message, field, errors}``, as guard's other refusals are, and closed. Body timeouts are the ASGI side's job: guard's body reader
-(``BodyLimits.body_timeout_s``) and the proxy's forwarding (``ProxyConfig.body_idle_timeout``).
+with a JSON ``{code: invalid_http, message, field, errors}``, as guard's other refusals are, and closed; one found
+once a response has begun (a malformed chunk of a body being served) only closes the connection. Body timeouts are
+the ASGI side's job: guard's body reader (``BodyLimits.body_timeout_s``) and the proxy's forwarding
+(``ProxyConfig.body_idle_timeout``).
 
 :func:`server_options` are the uvicorn settings ``guard proxy`` serves with (this protocol; the event loop uvicorn's
 ``loop="auto"`` picks: uvloop where it is installed, as it is with guard, else asyncio). With the middleware in your
@@ -30,6 +32,7 @@ from types import FrameType
 from typing import Any
 from urllib.parse import unquote_plus
 
+import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -95,8 +98,10 @@ class _HeadTimeoutH11(H11Protocol):
 
     def send_400_response(self, msg: str) -> None:
         """Answer a request h11 cannot parse with a JSON error, as guard answers every other refusal (uvicorn's is
-        text), and close the connection."""
-        self.transport.write(_INVALID_HTTP_RESPONSE)
+        text), and close the connection; once a response has begun, only close it (a second head would be read as
+        part of that response's body)."""
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            self.transport.write(_INVALID_HTTP_RESPONSE)
         self.transport.close()
 
     def _head_expired(self) -> None:

@@ -104,6 +104,32 @@ def test_a_request_that_is_not_http_is_refused_with_a_json_error(head: bytes) ->
     assert json.loads(body)["code"] == "invalid_http" and took < 5
 
 
+async def _echo_as_read(scope: dict, receive: Callable, send: Callable) -> None:
+    """Start the response, then read the body and send it back a chunk at a time."""
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        await send({"type": "http.response.body", "body": message.get("body", b""), "more_body": True})
+        if not message.get("more_body"):
+            break
+    await send({"type": "http.response.body", "body": b""})
+
+
+def test_a_malformed_chunk_after_the_response_began_only_closes_the_connection() -> None:
+    """A second response head written into a response that has begun would be read as part of its body."""
+    with serve_in_thread(_echo_as_read, http=head_timeout_protocol(5)) as base:
+        conn = socket.create_connection(("127.0.0.1", _port(base)))
+        conn.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        time.sleep(0.3)
+        conn.sendall(b"zz\r\nnot a chunk\r\n")
+        data, took = _closed_within(conn, 5)
+        conn.close()
+    assert data.startswith(b"HTTP/1.1 200") and b"first" in data and took < 5
+    assert b"invalid_http" not in data and b"HTTP/1.1 400" not in data
+
+
 @pytest.mark.anyio
 async def test_a_stalled_judged_body_is_refused_and_a_stalled_forwarded_body_cut(make_guard: GuardFactory) -> None:
     guard = make_guard()
