@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -60,7 +60,7 @@ from guard.policy.instructions import find_instructions, strip_spans
 from guard.policy.provenance import DETECTOR_MAX_CHARS, resolved_effect
 from guard.subject import AgentSubject
 
-__all__ = ["DEFAULT_MAX_REVIEW_ROUNDS", "Prepared", "ToolCallEnforcer", "redirect"]
+__all__ = ["DEFAULT_MAX_REVIEW_ROUNDS", "Prepared", "ToolCallEnforcer", "redirect", "task_calls"]
 
 DEFAULT_MAX_REVIEW_ROUNDS = 3
 """How many times an edited call may be escalated again before it is refused."""
@@ -124,6 +124,21 @@ _SCRATCHPAD = "__pregel_scratchpad"
 #: The ``configurable`` key LangGraph sets on the first step of a resumed run (``Command`` or ``None`` input), whose
 #: tasks include those that stopped on an interrupt, answered or not.
 _RESUMING = "__pregel_resuming"
+#: The ``configurable`` key of the id of the graph task this runs in.
+_TASK_ID = "__pregel_task_id"
+#: The graph task a guarded tool node runs and how many calls its input holds (:func:`task_calls`).
+_TASK_CALLS: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar("guard_task_calls", default=None)
+
+
+@contextlib.contextmanager
+def task_calls(config: Mapping[str, Any], count: int) -> Iterator[None]:
+    """Within the block the calls of a tool-node task run: ``count`` calls in the task ``config`` names, which
+    :meth:`ToolCallEnforcer._shares_its_task` reads (a ``Send`` may carry several calls, or the whole state)."""
+    token = _TASK_CALLS.set(((config.get("configurable") or {}).get(_TASK_ID) or "", count))
+    try:
+        yield
+    finally:
+        _TASK_CALLS.reset(token)
 
 
 def _configurable() -> dict[str, Any] | None:
@@ -394,14 +409,20 @@ class ToolCallEnforcer:
 
     def _shares_its_task(self, prepared: Prepared) -> bool:
         """Whether this call runs in one tool-node task with other calls of its message (a graph routing them with
-        ``tools_condition`` rather than :func:`~guard.agents.send_tool_calls`, which sends each alone). Such a call
-        is not escalated (:meth:`_stop` blocks it): the task's interrupts resume in no stable order (LangGraph
-        matches answers to them by position, so LangChain's list of decisions released a call no reviewer saw), and
-        every resume runs the task's other calls again."""
+        ``tools_condition`` rather than :func:`~guard.agents.send_tool_calls`, which sends each alone, or a ``Send``
+        that carries several calls or the whole state). Such a call is not escalated (:meth:`_stop` blocks it): the
+        task's interrupts resume in no stable order (LangGraph matches answers to them by position, so LangChain's
+        list of decisions released a call no reviewer saw), and every resume runs the task's other calls again. A
+        guarded tool node counts its task's calls (:func:`task_calls`); in another tool node, a task ``Send`` started
+        is taken to hold one call."""
         try:
-            triggers = get_config().get("metadata", {}).get("langgraph_triggers") or ()
+            config = get_config()
         except RuntimeError:  # not inside a graph run
             return False
+        known = _TASK_CALLS.get()
+        if known is not None and known[0] == (config.get("configurable") or {}).get(_TASK_ID):
+            return known[1] > 1
+        triggers = config.get("metadata", {}).get("langgraph_triggers") or ()
         return _SENT_TASK not in triggers and prepared.turn_calls > 1
 
     @staticmethod

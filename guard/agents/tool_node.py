@@ -22,12 +22,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages import AIMessage
+from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END
 from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.runtime import Runtime
 from langgraph.types import Send
 
-from guard.agents._enforce import AsyncHandler, Result, SyncHandler, ToolCallEnforcer
+from guard.agents._enforce import AsyncHandler, Result, SyncHandler, ToolCallEnforcer, task_calls
 from guard.agents._judge import DEFAULT_REVIEWER_TIMEOUT_S, AgentOptions, Judge, ToolResultAction
 from guard.agents._records import answered_ids, state_messages
 from guard.agents.claims import ApprovalClaims
@@ -128,6 +130,19 @@ class GuardToolWrapper:
         return await self.enforcer.arun(request, handler)
 
 
+class _GuardedToolNode(ToolNode):
+    """A ``ToolNode`` that tells its guard how many calls each of its tasks runs (:func:`task_calls`): a call that
+    needs review is escalated only where it runs alone in its task."""
+
+    def _func(self, input: Any, config: RunnableConfig, runtime: Runtime) -> Any:
+        with task_calls(config, len(self._parse_input(input)[0])):
+            return super()._func(input, config, runtime)
+
+    async def _afunc(self, input: Any, config: RunnableConfig, runtime: Runtime) -> Any:
+        with task_calls(config, len(self._parse_input(input)[0])):
+            return await super()._afunc(input, config, runtime)
+
+
 def guarded_tool_node(
     tools: Sequence[BaseTool | Callable[..., Any]],
     *,
@@ -168,7 +183,7 @@ def guarded_tool_node(
         subagent=subagent,
     )
     extra: dict[str, Any] = {} if handle_tool_errors is None else {"handle_tool_errors": handle_tool_errors}
-    return ToolNode(
+    return _GuardedToolNode(
         tools,
         name=name,
         messages_key=messages_key,

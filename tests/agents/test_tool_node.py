@@ -110,6 +110,36 @@ def test_under_tools_condition_a_call_needing_review_among_others_is_blocked_not
     assert single.runs.calls == [("pay", {"amount": 500, "to": "eve"})] and item["tool_call_id"] == "b"
 
 
+def _send_calls(state: dict[str, Any]) -> list[Send] | str:
+    """Routing that sends all calls of the model's turn in one ``Send``, as a list of calls."""
+    calls = state["messages"][-1].tool_calls
+    return [Send("tools", [{**call, "type": "tool_call"} for call in calls])] if calls else END
+
+
+def _send_state(state: dict[str, Any]) -> list[Send] | str:
+    """Routing that sends the whole state in one ``Send`` (the tool node runs every call of its last turn)."""
+    return [Send("tools", state)] if state["messages"][-1].tool_calls else END
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("routing", [_send_calls, _send_state])
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_send_holding_several_calls_blocks_a_call_needing_review_among_them(
+    harness: Any, thread: Any, routing: Any, mode: str
+) -> None:
+    """A ``Send`` that carries several calls (a list of them, or the whole state) runs them in one task, as
+    ``tools_condition`` does: the call that needs review is blocked, not escalated. It was escalated (the task was
+    started by ``Send``), and an answer by position went to whichever call asked first on resume, so approving the
+    call the reviewer saw could run another one nobody saw."""
+    h = harness()
+    two = Turn(calls=[("pay", {"amount": 500, "to": "eve"}, "a"), ("pay", {"amount": 900, "to": "carol"}, "b")])
+    graph, config = build(h, two, routing=routing), thread()
+    out = await run(graph, USER, config, mode)
+    assert not out.interrupts and h.runs.calls == []
+    assert {k: (m.status, "send_tool_calls" in m.text) for k, m in out.tool_messages().items()} == {
+        "a": ("error", True), "b": ("error", True)}
+
+
 @pytest.mark.anyio
 async def test_parallel_per_call_escalations_async(harness: Any, thread: Any) -> None:
     h = harness()
