@@ -358,10 +358,11 @@ class ApprovalAlreadyUsed(ReviewConflict):
 
     Attributes:
         review_id: the approval's claim id (``ga_`` + 24 hex digits, bound to thread, turn, call and arguments).
+        status: ``"claimed"``, or ``"failed"`` when the tool raised in the run that used the approval.
     """
 
-    def __init__(self, claim_id: str, reason: str) -> None:
-        super().__init__(claim_id, "claimed", reason)
+    def __init__(self, claim_id: str, reason: str, status: str = "claimed") -> None:
+        super().__init__(claim_id, status, reason)
 
 
 class ReviewStoreUnavailable(ReviewError):

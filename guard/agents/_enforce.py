@@ -28,7 +28,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage, convert_to_messages
 from langgraph.config import get_config
-from langgraph.errors import GraphInterrupt
+from langgraph.errors import GraphBubbleUp, GraphInterrupt
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
 from pydantic import BaseModel, ValidationError
@@ -56,6 +56,7 @@ from guard.agents._records import (
 )
 from guard.agents.claims import ApprovalClaims, MemoryApprovalClaims, claim_id
 from guard.agents.decisions import pending_id, response_schema, review_request
+from guard.errors import ApprovalAlreadyUsed
 from guard.policy.instructions import find_instructions, strip_spans
 from guard.policy.provenance import DETECTOR_MAX_CHARS, resolved_effect
 from guard.subject import AgentSubject
@@ -243,7 +244,8 @@ class ToolCallEnforcer:
         trusted_system: Callable[[Any], Collection[str]] | None = None,
     ) -> None:
         if claims is not None and not isinstance(claims, ApprovalClaims):
-            raise TypeError(f"approval_claims must have claim() and aclaim(), not {type(claims).__name__}")
+            raise TypeError("approval_claims must be an ApprovalClaims (claim, release and fail, sync and async), "
+                            f"not {type(claims).__name__}")
         if not isinstance(messages_key, str):
             raise TypeError(f"messages_key must be a state key (a string), not {type(messages_key).__name__}")
         if not messages_key:
@@ -685,17 +687,25 @@ class ToolCallEnforcer:
         rewrote it); then check its output.
 
         Raises:
-            ApprovalAlreadyUsed: the release was claimed before (the tool does not run).
+            ApprovalAlreadyUsed: the release was claimed before (the tool does not run), unless the run that claimed
+                it raised: then the call is answered with an error tool message.
         """
         key = self.claim_key(prepared)
         if key is not None:
-            self.claims.claim(key)
+            try:
+                self.claims.claim(key)
+            except ApprovalAlreadyUsed as exc:
+                if exc.status != "failed":
+                    raise
+                return msgs.approval_failed(prepared.tool, prepared.tool_call_id)
         try:
             with running_tool(), quiet_tool(prepared.request.runtime, self._withholds(prepared)):
                 result = handler(prepared.request)
         except Exception as exc:
             if key is not None and self._gives_back(prepared, exc):
                 self.claims.release(key)
+            elif key is not None and not isinstance(exc, GraphBubbleUp):
+                self.claims.fail(key)
             raise
         return self._annotate(self.check_result(result, prepared), prepared)
 
@@ -805,13 +815,20 @@ class ToolCallEnforcer:
         """Async twin of :meth:`run_allowed`."""
         key = self.claim_key(prepared)
         if key is not None:
-            await self.claims.aclaim(key)
+            try:
+                await self.claims.aclaim(key)
+            except ApprovalAlreadyUsed as exc:
+                if exc.status != "failed":
+                    raise
+                return msgs.approval_failed(prepared.tool, prepared.tool_call_id)
         try:
             with running_tool(), quiet_tool(prepared.request.runtime, self._withholds(prepared)):
                 result = await handler(prepared.request)
         except Exception as exc:
             if key is not None and self._gives_back(prepared, exc):
                 await self.claims.arelease(key)
+            elif key is not None and not isinstance(exc, GraphBubbleUp):
+                await self.claims.afail(key)
             raise
         return self._annotate(await self.acheck_result(result, prepared), prepared)
 

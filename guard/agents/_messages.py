@@ -102,6 +102,10 @@ EDIT_NOTICE_MAY_TEMPLATE = (
 ALREADY_ANSWERED_TEMPLATE = (
     "Tool call `{tool}` (id {tool_call_id}) already has a result; guard never runs the same call twice."
 )
+APPROVAL_FAILED_TEMPLATE = (
+    "Tool call `{tool}` (id {tool_call_id}) was approved by a reviewer, but the tool raised an error in the run that "
+    "used the approval; it was not run again, because that run may have taken effect. A new call needs a new review."
+)
 RESULT_BLOCKED_TEMPLATE = (
     "The output of tool `{tool}` (id {tool_call_id}) was withheld by guard policy {policy} (rule {rule}): {reason}."
 )
@@ -265,6 +269,12 @@ def already_answered(tool: str, tool_call_id: str) -> ToolMessage:
     """The error tool message for a second call with a ``tool_call_id`` that already has an answer."""
     content = ALREADY_ANSWERED_TEMPLATE.format(tool=tool, tool_call_id=tool_call_id)
     return tool_error(tool=tool, tool_call_id=tool_call_id, content=content, verdict=None, outcome="duplicate")
+
+
+def approval_failed(tool: str, tool_call_id: str) -> ToolMessage:
+    """The error tool message for an approved call whose one approved run raised (it is not run again)."""
+    content = APPROVAL_FAILED_TEMPLATE.format(tool=tool, tool_call_id=tool_call_id)
+    return tool_error(tool=tool, tool_call_id=tool_call_id, content=content, verdict=None, outcome="approval_failed")
 
 
 def edit_notice(

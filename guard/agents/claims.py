@@ -9,6 +9,10 @@ tool. The claim id is bound to the thread, the model turn, the ``tool_call_id`` 
 model's turn held it for review, not of the call that runs: an approval and an edit of one review item (or two
 different edits) make the same claim, so only one of them runs the tool.
 
+A claim stays used when the tool raises (it may have taken effect before it failed); the claim is marked failed, so
+a later claim of it (a retry of the task, a replayed resume) raises :class:`~guard.errors.ApprovalAlreadyUsed` with
+``status="failed"``, which guard answers with an error tool message instead of running the tool again.
+
 * :class:`MemoryApprovalClaims` (the default): one process. Every resume that must see the claim has to run in the
   same process and through the same store (pass one instance to every middleware that serves the thread).
 * :class:`RedisApprovalClaims`: every replica sharing one Redis. ``SET key value NX PX ttl`` is the atomic claim;
@@ -47,6 +51,8 @@ DEFAULT_CLAIM_TTL_S = 30 * 24 * 3600.0
 """How long a claim is kept, seconds (30 days)."""
 DEFAULT_CLAIM_PREFIX = "guard:claim:"
 """Redis key prefix of :class:`RedisApprovalClaims`."""
+_FAILED = "/failed"
+"""What follows the claim time in a Redis claim's sealed stamp once the claimed tool raised."""
 
 
 def claim_id(*, thread_id: str | None, message_id: str | None, tool_call_id: str, digest: str) -> str:
@@ -60,7 +66,9 @@ class ApprovalClaims(Protocol):
     """Where single-use claims are made. ``claim``/``aclaim`` return ``None`` for the first claim of ``key`` and
     raise :class:`~guard.errors.ApprovalAlreadyUsed` for any later one (:class:`~guard.errors.ReviewStoreUnavailable`
     when the store cannot answer). ``release``/``arelease`` give a claim back: the claimed tool stopped at an
-    ``interrupt()`` of its own before finishing, and runs again from its start when the graph resumes."""
+    ``interrupt()`` of its own before finishing, and runs again from its start when the graph resumes.
+    ``fail``/``afail`` keep it used and mark it failed (the claimed tool raised): a later claim raises
+    ``ApprovalAlreadyUsed`` with ``status="failed"``."""
 
     def claim(self, key: str) -> None: ...
 
@@ -70,8 +78,18 @@ class ApprovalClaims(Protocol):
 
     async def arelease(self, key: str) -> None: ...
 
+    def fail(self, key: str) -> None: ...
 
-def _used(key: str, detail: str) -> ApprovalAlreadyUsed:
+    async def afail(self, key: str) -> None: ...
+
+
+def _used(key: str, detail: str, failed: bool = False) -> ApprovalAlreadyUsed:
+    if failed:
+        return ApprovalAlreadyUsed(
+            key,
+            f"this approval was already used {detail} by a run whose tool raised; the tool did not run again",
+            status="failed",
+        )
     return ApprovalAlreadyUsed(
         key,
         f"this approval was already used {detail}; the tool did not run again (a second resume of the same "
@@ -95,7 +113,7 @@ class MemoryApprovalClaims:
             raise ValueError(f"ttl_s and max_entries must be positive; got {ttl_s!r}, {max_entries!r}")
         self.ttl_s = float(ttl_s)
         self.max_entries = int(max_entries)
-        self._claims: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key -> (claimed at, expires)
+        self._claims: OrderedDict[str, tuple[float, float, bool]] = OrderedDict()  # key -> (at, expires, failed)
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -106,8 +124,8 @@ class MemoryApprovalClaims:
         with self._lock:
             held = self._claims.get(key)
             if held is not None and held[1] > now:
-                raise _used(key, f"{now - held[0]:.3f} s ago")
-            self._claims[key] = (now, now + self.ttl_s)
+                raise _used(key, f"{now - held[0]:.3f} s ago", held[2])
+            self._claims[key] = (now, now + self.ttl_s, False)
             self._claims.move_to_end(key)
             while len(self._claims) > self.max_entries:
                 self._claims.popitem(last=False)
@@ -121,6 +139,15 @@ class MemoryApprovalClaims:
 
     async def arelease(self, key: str) -> None:
         self.release(key)
+
+    def fail(self, key: str) -> None:
+        with self._lock:
+            held = self._claims.get(key)
+            if held is not None:
+                self._claims[key] = (held[0], held[1], True)
+
+    async def afail(self, key: str) -> None:
+        self.fail(key)
 
 
 class RedisApprovalClaims:
@@ -197,15 +224,16 @@ class RedisApprovalClaims:
     def __repr__(self) -> str:
         return f"RedisApprovalClaims(prefix={self.prefix!r}, ttl_s={self.ttl_s})"
 
-    def _value(self, redis_key: str) -> str:
-        at = f"{time.time():.6f}"
-        return f"{at}:{self._sealer.seal(redis_key, at.encode())}"
+    def _value(self, redis_key: str, failed: bool = False) -> str:
+        stamp = f"{time.time():.6f}{_FAILED if failed else ''}"
+        return f"{stamp}:{self._sealer.seal(redis_key, stamp.encode())}"
 
     def _refusal(self, key: str, redis_key: str, held: Any) -> ApprovalAlreadyUsed:
         text = held.decode("utf-8", "replace") if isinstance(held, bytes) else str(held or "")
-        at, _, seal = text.partition(":")
-        if held is not None and seal and self._sealer.check(redis_key, at.encode(), seal):
-            return _used(key, f"at {at} (Unix time)")
+        stamp, _, seal = text.partition(":")
+        if held is not None and seal and self._sealer.check(redis_key, stamp.encode(), seal):
+            at, failed, _ = stamp.partition(_FAILED)
+            return _used(key, f"at {at} (Unix time)", bool(failed))
         self.forged += 1
         return _used(key, "(an entry guard did not write holds the claim: its seal does not check)")
 
@@ -257,6 +285,28 @@ class RedisApprovalClaims:
             raise TypeError("RedisApprovalClaims has no async client (aclient=) for ainvoke/astream")
         try:
             await self._aclient.delete(self.prefix + key)
+        except (RedisError, OSError) as exc:
+            raise self._unavailable(key, exc) from exc
+
+    def fail(self, key: str) -> None:
+        from redis.exceptions import RedisError
+
+        if self._client is None:
+            raise TypeError("RedisApprovalClaims has no sync client (client=) for invoke/stream")
+        redis_key = self.prefix + key
+        try:
+            self._client.set(redis_key, self._value(redis_key, failed=True), px=int(self.ttl_s * 1000))
+        except (RedisError, OSError) as exc:
+            raise self._unavailable(key, exc) from exc
+
+    async def afail(self, key: str) -> None:
+        from redis.exceptions import RedisError
+
+        if self._aclient is None:
+            raise TypeError("RedisApprovalClaims has no async client (aclient=) for ainvoke/astream")
+        redis_key = self.prefix + key
+        try:
+            await self._aclient.set(redis_key, self._value(redis_key, failed=True), px=int(self.ttl_s * 1000))
         except (RedisError, OSError) as exc:
             raise self._unavailable(key, exc) from exc
 

@@ -241,12 +241,12 @@ def answer(request: SystemOneRequestV1) -> dict[str, Any]:
     return out
 
 
-def tool_node_graph(chat: Any, tools: Any) -> StateGraph:
-    """A model node answering with ``chat`` and ``tools`` (a tool node) as a graph whose model's calls are sent to the
-    tool node one :func:`~guard.agents.send_tool_calls` each, uncompiled."""
+def tool_node_graph(chat: Any, tools: Any, **node_options: Any) -> StateGraph:
+    """A model node answering with ``chat`` and ``tools`` (a tool node, added with ``node_options``) as a graph whose
+    model's calls are sent to the tool node one :func:`~guard.agents.send_tool_calls` each, uncompiled."""
     graph = StateGraph(MessagesState)
     graph.add_node("model", lambda state: {"messages": [chat.invoke(state["messages"])]})
-    graph.add_node("tools", tools)
+    graph.add_node("tools", tools, **node_options)
     graph.add_edge(START, "model")
     graph.add_conditional_edges("model", send_tool_calls, ["tools", END])
     graph.add_edge("tools", "model")

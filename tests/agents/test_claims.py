@@ -14,7 +14,7 @@ import redis
 from langchain.agents import create_agent
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.types import Command, interrupt
+from langgraph.types import Command, RetryPolicy, interrupt
 
 from guard.agents import (
     GuardAgentMiddleware,
@@ -215,6 +215,79 @@ async def test_an_approved_tool_that_interrupts_itself_runs_once_when_resumed(
     if store == "redis":
         await claims.aclose()
         claims.close()
+
+
+def _flaky_pay(ran: list[tuple[int, str]]) -> Any:
+    @tool
+    def pay(amount: int, to: str) -> str:
+        """Pay ``amount`` to ``to`` (the bank times out on the first try)."""
+        ran.append((amount, to))
+        if len(ran) == 1:
+            raise ConnectionError("bank timeout")
+        return f"paid {amount} to {to}"
+
+    return pay
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("store", ["memory", "redis"])
+@pytest.mark.parametrize("node", ["middleware", "tool_node"])
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_an_approved_call_whose_tool_raised_is_answered_not_run_again(
+    harness: Any, thread: Any, redis_url: str, claim_prefix: str, store: str, node: str, mode: str
+) -> None:
+    """The one use of an approval whose tool raised is kept (the tool may have taken effect) and recorded as failed:
+    a retry of the task (``invoke(None)``, a retry policy) does not run the tool again and does not raise, it answers
+    the call with an error tool message, so the thread goes on. A replayed resume is answered the same way."""
+    h = harness()
+    ran: list[tuple[int, str]] = []
+    claims = _redis_claims(redis_url, claim_prefix) if store == "redis" else MemoryApprovalClaims()
+    if node == "middleware":
+        middleware = GuardAgentMiddleware(guard=h.guard, approval_claims=claims)
+        agent = create_agent(model(escalated_pay()), [_flaky_pay(ran)], middleware=[middleware],
+                             checkpointer=InMemorySaver())  # fmt: skip
+    else:
+        tools = guarded_tool_node([_flaky_pay(ran)], guard=h.guard, approval_claims=claims)
+        agent = tool_node_graph(model(escalated_pay()), tools).compile(checkpointer=InMemorySaver())
+    config = thread()
+
+    async def run(value: Any, where: dict[str, Any]) -> Any:
+        return await agent.ainvoke(value, where) if mode == "ainvoke" else agent.invoke(value, where)
+
+    await run(USER, config)
+    state = agent.get_state(config)
+    command = resume_command(state.interrupts, [{"type": "approve"}])
+    with pytest.raises(ConnectionError):
+        await run(command, config)
+    out = await run(None, config)
+    assert ran == [(500, "eve")] and not agent.get_state(config).next
+    answer = next(m for m in out["messages"] if getattr(m, "tool_call_id", None) == "a")
+    assert answer.status == "error" and "may have taken effect" in answer.text and "new review" in answer.text
+    assert out["messages"][-1].text == "done"
+    replayed = await run(command, state.config)
+    assert ran == [(500, "eve")] and replayed["messages"][-2].status == "error"
+    if store == "redis":
+        await claims.aclose()
+        claims.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+async def test_a_retry_policy_on_the_tool_node_gets_the_failed_approval_answered(
+    harness: Any, thread: Any, mode: str
+) -> None:
+    """A ``RetryPolicy`` that retries the tool node on the tool's error gets the approved call answered with an error
+    tool message on its second attempt (it raised ``ApprovalAlreadyUsed`` on every attempt, and the run failed)."""
+    h = harness()
+    ran: list[tuple[int, str]] = []
+    retry = RetryPolicy(max_attempts=3, initial_interval=0.01, retry_on=ConnectionError)
+    graph = tool_node_graph(model(escalated_pay()), guarded_tool_node([_flaky_pay(ran)], guard=h.guard),
+                            retry_policy=retry)  # fmt: skip
+    app, config = graph.compile(checkpointer=InMemorySaver()), thread()
+    await app.ainvoke(USER, config) if mode == "ainvoke" else app.invoke(USER, config)
+    command = resume_command(app.get_state(config).interrupts, [{"type": "approve"}])
+    out = await app.ainvoke(command, config) if mode == "ainvoke" else app.invoke(command, config)
+    assert ran == [(500, "eve")] and out["messages"][-2].status == "error" and out["messages"][-1].text == "done"
 
 
 def test_memory_claims_forget_the_oldest_past_the_cap() -> None:
