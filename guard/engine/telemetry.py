@@ -42,6 +42,7 @@ import collections
 import contextlib
 import dataclasses
 import datetime
+import errno
 import functools
 import hashlib
 import json
@@ -1486,12 +1487,20 @@ LOG_FILE_MODE = 0o640
 def open_log_path(path: str | Path) -> IO[str]:
     """``path`` opened to append UTF-8 lines (created if missing, as :data:`LOG_FILE_MODE`), line-buffered. A FIFO
     is opened without waiting for a reader (``O_NONBLOCK``, cleared once it is open), where a plain open blocks until
-    one comes.
+    one comes. A symbolic link at ``path`` is not followed (``O_NOFOLLOW``): one placed there would have the records
+    written into whatever file it names.
 
     Raises:
-        OSError: as ``open`` does; ``ENXIO`` for a FIFO no process has open for reading.
+        OSError: as ``open`` does; ``ENXIO`` for a FIFO no process has open for reading; ``ELOOP`` ("is a symbolic
+            link", naming ``path``) for a link.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, LOG_FILE_MODE)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW, LOG_FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and os.path.islink(path):
+            raise OSError(errno.ELOOP, "is a symbolic link (the decision log is not written through one)",
+                          str(path)) from None
+        raise
     try:
         os.set_blocking(fd, True)  # a full pipe blocks the writer thread, as its queue expects
         return open(fd, "a", encoding="utf-8", buffering=1)  # the log closes it

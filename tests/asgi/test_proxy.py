@@ -488,7 +488,7 @@ def test_cli_a_short_store_key_or_an_unwritable_decision_log_is_named(
     upstream: tuple[Upstream, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The short key's message did not name $GUARD_STORE_KEY; a --decision-log in a missing folder printed a raw
-    errno text."""
+    errno text; one that is a symbolic link was written through."""
     _, url = upstream
     argv = ["proxy", "--policy", str(POLICY), "--upstream", url, "--backend", "http://127.0.0.1:9",
             "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]  # fmt: skip
@@ -503,6 +503,13 @@ def test_cli_a_short_store_key_or_an_unwritable_decision_log_is_named(
     assert main([*argv, "--decision-log", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"guard proxy: --decision-log {tmp_path}: is a directory, not a file"), err
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(tmp_path / "elsewhere.jsonl")
+    assert main([*argv, "--decision-log", str(link)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"guard proxy: --decision-log {link}: is a symbolic link (the decision log is not written through " \
+                  "one)\n", err
+    assert not (tmp_path / "elsewhere.jsonl").exists()
 
 
 def test_cli_a_decision_log_fifo_no_process_reads_is_refused_at_start(

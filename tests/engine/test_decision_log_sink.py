@@ -273,3 +273,30 @@ def test_a_fifo_with_no_reader_is_refused_not_waited_for(tmp_path: Path) -> None
     log.close()
     assert json.loads(os.read(reader, 65536))["decision_id"] == "d1"
     os.close(reader)
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_log_path_that_is_a_symbolic_link_is_refused_at_open_and_on_reopen(
+    tmp_path: Path, background: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A link placed at the log's path (to ``/etc/passwd``, another service's file) was followed: the records went
+    into its target, at start and when logrotate's SIGHUP opened the path again."""
+    target = tmp_path / "target"
+    target.write_text("kept\n")
+    path = tmp_path / "decisions.jsonl"
+    path.symlink_to(target)
+    with pytest.raises(OSError, match="is a symbolic link") as raised:
+        DecisionLog(path, background=background)
+    assert raised.value.errno == errno.ELOOP and raised.value.filename == str(path)
+    path.unlink()
+    log = DecisionLog(path, background=background)
+    path.rename(tmp_path / "decisions.jsonl.1")
+    path.symlink_to(target)
+    with caplog.at_level(logging.ERROR, logger="guard.telemetry"):
+        log.reopen()
+        log.record(Verdict("allow", "d1", policy_id="p"), None)
+        log.close()
+    assert target.read_text() == "kept\n"
+    assert [json.loads(line)["decision_id"] for line in (tmp_path / "decisions.jsonl.1").read_text().splitlines()] \
+        == ["d1"]
+    assert f"decision log {path} could not be opened again (is a symbolic link" in caplog.text
