@@ -216,9 +216,11 @@ def credential_name(name: str) -> bool:
 #: The credential may be quoted, and what follows a ``,`` or ``;`` (a second credential, a parameter) is not read.
 _TOKEN68_VALUE = re.compile(r"\s*(?:bearer|basic|token|negotiate|apikey|api-key|sharedkey|dpop)\s+\"?"
                             r"([A-Za-z0-9._~+/-]+=*)\"?\s*(?:[,;].*)?", re.IGNORECASE | re.DOTALL)
-#: An ``Authorization`` value of a scheme that carries parameters (``Digest username="a", response="..."``, Rails'
-#: ``Token token="...", email="..."``).
-_PARAMS_VALUE = re.compile(r"\s*(?:digest|hawk|aws4-hmac-sha256|sharedkey|token)\s+[A-Za-z_-]+=", re.IGNORECASE)
+#: The auth schemes that carry parameters (``Digest username="a", response="..."``, ``AWS4-HMAC-SHA256
+#: Credential=..., Signature=...``, Rails' ``Token token="...", email="..."``).
+_PARAM_SCHEMES = r"digest|hawk|aws4-hmac-sha256|sharedkey|token"
+#: An ``Authorization`` value of a scheme that carries parameters (:data:`_PARAM_SCHEMES`) and its first ``name=``.
+_PARAMS_VALUE = re.compile(rf"\s*(?:{_PARAM_SCHEMES})\s+[A-Za-z_-]+=", re.IGNORECASE)
 #: What tells a credential from a word after ``Basic`` or ``Token`` (``Basic Reviewer``, ``Token refreshed``): a digit
 #: or a symbol, a capital after a small letter (base64), or a length no word has.
 _NOT_A_WORD = re.compile(r"[0-9._~+/=-]|[a-z][A-Z]|^.{24,}$")
@@ -1152,6 +1154,30 @@ _AUTHORIZATION_LINE = re.compile(
     r"(?:bearer|basic|token|negotiate|apikey|api-key|sharedkey|dpop)[ \t]+[\"']?)([A-Za-z0-9._~+/-]{8,}=*)",
     re.IGNORECASE,
 )
+#: An ``Authorization`` header of a scheme that carries parameters (:data:`_PARAM_SCHEMES`) written in text, as
+#: :data:`_AUTHORIZATION_LINE` finds one: the name to the scheme (group 1, kept) and the rest of its line (group 2),
+#: where each secret parameter's value is masked (:data:`_AUTHORIZATION_PARAM`).
+_AUTHORIZATION_PARAMS_LINE = re.compile(
+    rf"(authorization(?:[\"']?[ \t]*[:=]|[\"'][ \t]*,)[ \t]*b?[\"']?(?:{_PARAM_SCHEMES})[ \t]+)([^\r\n]*)",
+    re.IGNORECASE,
+)
+#: A secret parameter of such a header: Digest's ``response`` (a hash of the password), AWS Signature Version 4's
+#: ``Signature``, Hawk's ``mac``, Rails' ``token``; the name, ``=`` and an opening quote (escaped or not: a headers
+#: dict's JSON in a string; group 1, kept) and the value (group 2, masked). The rest (a user name, a realm, the
+#: signed headers) stays; an AWS access key id in ``Credential`` is masked by its shape (:data:`_KEY_SHAPE`).
+_AUTHORIZATION_PARAM = re.compile(
+    r"((?<![\w-])(?:response|signature|mac|token)[ \t]*=[ \t]*\\?[\"']?)([^\s,;\"'\\]+)", re.IGNORECASE)
+#: A header that carries a bare key written in text (``X-Api-Key``, ``Api-Key``, ``X-Goog-Api-Key``,
+#: ``HTTP_X_API_KEY=``, ``X-Auth-Token``, ``X-Access-Token``; a list of header pairs' ``'x-api-key', b'...'``): the
+#: name, ``:`` or ``=`` (``,`` after a quoted name) and quotes (group 1, kept), and the key (group 2, masked where
+#: :data:`_NOT_A_WORD` tells it from a word).
+_KEY_HEADER_LINE = re.compile(
+    r"((?:api[-_]?key|auth[-_]?token|access[-_]?token)(?:[\"']?[ \t]*[:=]|[\"'][ \t]*,)[ \t]*b?[\"']?)"
+    r"([A-Za-z0-9._~+/-]{8,}=*)",
+    re.IGNORECASE,
+)
+#: What text holds, lower-cased, where :data:`_KEY_HEADER_LINE` may match.
+_KEY_HEADER_WORDS = ("key", "token")
 #: A ``Cookie`` or ``Set-Cookie`` header written in text (a ``curl -H``, a pasted exchange, a headers dict's JSON, a
 #: list of header pairs' ``'cookie', b'sid=...'``): the name, ``:`` (``,`` after a quoted name) and quotes (group 1,
 #: kept), and the value to the line's end or a quote (group 2), whose ``name=value`` pairs' values are masked
@@ -1221,9 +1247,15 @@ def _masked_params(text: str) -> str:
 
 
 def _authorization(match: re.Match[str]) -> str:
-    """An ``Authorization`` header in text with its credential replaced by ``[redacted]`` (not a word after the scheme:
-    ``Authorization: Basic Reviewers``)."""
+    """An ``Authorization`` or API key header in text with its credential replaced by ``[redacted]`` (not a word:
+    ``Authorization: Basic Reviewers``, ``X-Api-Key: required``)."""
     return f"{match.group(1)}[redacted]" if _NOT_A_WORD.search(match.group(2)) else match.group()
+
+
+def _authorization_params(match: re.Match[str]) -> str:
+    """An ``Authorization`` header of a parameter scheme in text with its secret parameters' values replaced by
+    ``[redacted]`` (``Digest username="alice", response="[redacted]"``)."""
+    return match.group(1) + _AUTHORIZATION_PARAM.sub(r"\1[redacted]", match.group(2))
 
 
 def _cookie_pair(match: re.Match[str]) -> str:
@@ -1244,7 +1276,9 @@ def _scrub_shapes(text: str, *, cards: bool = True, account_ids: bool = True) ->
     (:data:`_KEY_SHAPE`: ``AKIA``, ``ghp_``, ``xoxb-``, ``AIza``, ``sk-``, ``sk_live_``, ``glpat-``, a JWT, ...; a
     Slack webhook URL's path), a connection string's key or password (:data:`_CONNECTION_SECRET`:
     ``AccountKey=[redacted]``), an ``Authorization`` header's credential written in text
-    (:data:`_AUTHORIZATION_LINE`: ``Authorization: Bearer [redacted]``) and a cookie header's cookies' values
+    (:data:`_AUTHORIZATION_LINE`: ``Authorization: Bearer [redacted]``; a Digest, AWS Signature Version 4 or Hawk
+    header's secret parameters: :data:`_AUTHORIZATION_PARAMS_LINE`), an API key header's key
+    (:data:`_KEY_HEADER_LINE`: ``X-Api-Key: [redacted]``) and a cookie header's cookies' values
     (:data:`_COOKIE_LINE`), a URL's password, token-shaped user name or credential-named parameter's value
     (:func:`_url`: ``https://app:[redacted]@host/?api_key=[redacted]&page=2``), and with ``cards``, card numbers
     (:data:`_CARD_SHAPE` of an issuer's prefix and length that pass the Luhn check). Without ``account_ids``, a
@@ -1255,6 +1289,9 @@ def _scrub_shapes(text: str, *, cards: bool = True, account_ids: bool = True) ->
         text = _CONNECTION_SECRET.sub(r"\1[redacted]", text)
     if "authorization" in lowered:
         text = _AUTHORIZATION_LINE.sub(_authorization, text)
+        text = _AUTHORIZATION_PARAMS_LINE.sub(_authorization_params, text)
+    if any(word in lowered for word in _KEY_HEADER_WORDS):
+        text = _KEY_HEADER_LINE.sub(_authorization, text)
     if "cookie" in lowered:
         text = _COOKIE_LINE.sub(_cookies, text)
     if cards:

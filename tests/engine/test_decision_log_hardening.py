@@ -142,6 +142,10 @@ SLOW_SHAPE_BODIES = [
     "{'note': '-----BEGIN PRIVATE KEY-----\\n' + ('x:' * 100 + 'A' * 15 + '\\n') * 4_500}",
     "{'note': 'authorization' * 80_000}",  # each Authorization header read to where it cannot go on
     "{'note': ('authorization: bearer' + '\\t' * 100) * 8_500}",
+    "{'note': ('authorization: digest response=' + '\\t' * 100) * 7_500}",
+    "{'note': 'authorization: digest ' + 'response ' * 116_000}",
+    "{'note': ('x-api-key:' + '\\t' * 100) * 9_500}",
+    "{'note': 'api-key' * 149_000}",
     "{'note': 'cookie:' * 149_000}",  # each cookie header read to its line's end, each pair to its ;
     "{'note': 'cookie: ' + 'a=b;' * 262_000}",
     "{'note': 'cookie:' + '=' * 1_048_000}",
@@ -500,6 +504,45 @@ def test_an_authorization_header_written_in_text_has_its_credential_redacted(tex
     line = json.dumps(event)
     assert "opaqueBEARERtok12345" not in line and "dXNlcjpodW50ZXIycGFzcw" not in line
     assert event["state"]["text"].count("[redacted]") == 1
+
+
+@pytest.mark.parametrize(("text", "logged"), [
+    ("curl -H 'x-api-key: opaqueAPIkey12345' https://api.example/v1",
+     "curl -H 'x-api-key: [redacted]' https://api.example/v1"),
+    ('{"headers": {"Api-Key": "opaqueAPIkey12345", "X-Auth-Token": "opaqueAUTHtok12345"}}',
+     '{"headers": {"Api-Key": "[redacted]", "X-Auth-Token": "[redacted]"}}'),
+    ("HTTP_X_API_KEY=opaqueAPIkey12345", "HTTP_X_API_KEY=[redacted]"),
+    ("[(b'x-api-key', b'opaqueAPIkey12345'), (b'x-auth-token', b'opaqueAUTHtok12345')]",  # an ASGI scope's headers
+     "[(b'x-api-key', b'[redacted]'), (b'x-auth-token', b'[redacted]')]"),
+    ('[["X-Api-Key", "opaqueAPIkey12345"]]', '[["X-Api-Key", "[redacted]"]]'),
+    (('Authorization: Digest username="alice", realm="api", nonce="dcd98b7102dd2f0e", uri="/v1", '
+     'response="6629fae49393a05397450978507c4ef1", opaque="5ccc069c403ebaf9"'),
+     ('Authorization: Digest username="alice", realm="api", nonce="dcd98b7102dd2f0e", uri="/v1", '
+     'response="[redacted]", opaque="5ccc069c403ebaf9"')),
+    ("[(b'proxy-authorization', b'Digest username=\"alice\", response=\"6629fae49393a05397450978507c4ef1\"')]",
+     "[(b'proxy-authorization', b'Digest username=\"alice\", response=\"[redacted]\"')]"),
+    (("Authorization: AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request, "
+     "SignedHeaders=host;range;x-amz-date, "
+     "Signature=fe5f80f77d5fa3beca038a248ff027d0445342fe2855ddc963176630326f1024"),
+     ("Authorization: AWS4-HMAC-SHA256 Credential=[redacted]/20130524/us-east-1/s3/aws4_request, "
+     "SignedHeaders=host;range;x-amz-date, Signature=[redacted]")),
+    ('curl -H "Authorization: Hawk id=\\"dh37fgj492je\\", mac=\\"6R4rV5iE+NPoym+WwjeHzjAGXUtLNIxmo1vpMofpLAE=\\"" /v1',
+     'curl -H "Authorization: Hawk id=\\"dh37fgj492je\\", mac=\\"[redacted]\\"" /v1'),
+])
+def test_a_credential_header_written_in_text_has_its_value_redacted(text: str, logged: str) -> None:
+    """An API key header (``X-Api-Key``, ``Api-Key``, ``X-Auth-Token``) and the secret parameters of a Digest, AWS
+    Signature Version 4 or Hawk ``Authorization`` were kept in clear in text (a ``curl -H``, a headers dict, a list
+    of header pairs), where the bearer tokens and cookies beside them were masked; the header names stay."""
+    subject = HttpSubject(method="POST", path="/v1/x", body={"note": text}, body_text=text)
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"text": text}), subject)
+    assert event["state"]["text"] == logged
+    assert event["input"]["body"]["note"] == logged
+
+
+def test_a_credential_header_name_followed_by_a_word_is_kept() -> None:
+    text = "send the X-Api-Key: required for writes; api_key=optional; the Digest response=ok"
+    event = DecisionLog(io.StringIO()).event(Verdict("allow", "d1", state={"text": text}), None)
+    assert event["state"]["text"] == text
 
 
 def test_an_authorization_scheme_followed_by_a_word_is_kept() -> None:
