@@ -16,6 +16,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from guard._json import JSON_LEVELS, json_readings
+
 __all__ = [
     "JOINED_WORDS",
     "PLAIN_KEY_CHARS",
@@ -31,6 +33,7 @@ __all__ = [
     "digest_of",
     "is_plain_key",
     "joined_words",
+    "judged_strings",
     "path_words",
 ]
 
@@ -273,7 +276,7 @@ def is_plain_key(key: str) -> bool:
 
 
 def body_text_of(body: Any) -> str:
-    """The ``body_text`` of a ``body`` built in code: its judged strings (:func:`body_strings`) joined with newlines,
+    """The ``body_text`` of a ``body`` built in code: its judged strings (:func:`judged_strings`) joined with newlines,
     as the middleware joins a parsed JSON or form body's, read as JSON holds it (mapping keys as text, tuples and sets
     as lists, other values as ``str``); a ``bytes`` body decoded as UTF-8 (an undecodable byte read as U+FFFD);
     ``""`` for ``None`` and for values that hold no string.
@@ -286,7 +289,7 @@ def body_text_of(body: Any) -> str:
     if body is None or isinstance(body, str):
         return body or ""
     try:
-        return "\n".join(body_strings(json.loads(json.dumps(_text_keys(body), default=str))))
+        return "\n".join(judged_strings(json.loads(json.dumps(_text_keys(body), default=str))))
     except RecursionError:
         raise ValueError("the body refers to itself or is nested too deep to read its text; pass body_text=") from None
 
@@ -331,6 +334,38 @@ def body_strings(value: Any) -> list[str]:
         else:
             stack.pop()
     return out
+
+
+def judged_strings(value: Any) -> list[str]:
+    """The strings of a parsed body that ``body_text`` joins: :func:`body_strings`, each one holding JSON written with
+    escapes (a field holding ``json.dumps`` of an object: ``{"q": "\\u0069gnore ..."}``) followed by the strings of
+    what a JSON parser reads from it (:func:`guard._json.json_readings`), and so on :data:`~guard._json.JSON_LEVELS`
+    deep: an application that parses the field reads the decoded text, which a rule's pattern must see. Only a
+    string with a backslash and a ``{``, ``[`` or ``"`` is read (without a backslash, its document's strings are
+    already in it as written); a reading is shorter than the string it comes from, so the strings add up to at most
+    ``JSON_LEVELS + 1`` times the body's."""
+    out: list[str] = []
+    for text in body_strings(value):
+        out.append(text)
+        if "\\" in text and _may_hold_json(text):
+            out += _readings(text, JSON_LEVELS)
+    return out
+
+
+def _readings(text: str, levels: int) -> list[str]:
+    """The strings of the JSON ``text`` holds, each followed by its own readings, ``levels`` deep
+    (:func:`judged_strings`)."""
+    out: list[str] = []
+    for inner in body_strings(json_readings(text)):
+        out.append(inner)
+        if levels > 1 and "\\" in inner and _may_hold_json(inner):
+            out += _readings(inner, levels - 1)
+    return out
+
+
+def _may_hold_json(text: str) -> bool:
+    """Whether ``text`` holds a character a document :func:`guard._json.json_readings` reads may start with."""
+    return "{" in text or "[" in text or '"' in text
 
 
 #: What :func:`carries_over` counts for each value inside a body, arguments or result, besides a string's length: a

@@ -13,6 +13,10 @@ in document order, joined by newlines, with these rules:
 * **A text or form body that is a JSON document is judged as both.** An application may parse any body as JSON
   (Starlette's ``request.json()`` is ``json.loads`` of the bytes, whatever the media type: a byte-order mark and
   UTF-16/32 are read too), so the document's decoded strings follow the text (:func:`_also_json`).
+* **A string holding JSON written with escapes is judged as it decodes too.** A field holding ``json.dumps`` of an
+  object (``{"msg": "{\\"q\\": \\"\\\\u0069gnore ...\\"}"}``) reaches an application that parses it as the decoded
+  text, so the strings of its document follow it, :data:`guard._json.JSON_LEVELS` deep
+  (:func:`guard.subject.judged_strings`).
 * **An HTML or XML body is judged as written and as a parser reads it** (:func:`guard._markup.with_markup_reading`:
   ``&#65;TTACK``, ``AT<![CDATA[TACK]]>``); its value stays the text as sent, the one a ``redact`` verdict masks.
 * **File metadata is not text.** A multipart file's ``filename`` and ``content_type`` stay in ``body`` (a policy's
@@ -47,7 +51,7 @@ from guard.asgi._multipart import FILE_TEXT, parse_multipart
 from guard.asgi.limits import BodyLimits
 from guard.errors import BodyError, InvalidJson
 from guard.policy.redact import apply_redactions
-from guard.subject import body_strings, is_plain_key
+from guard.subject import body_strings, is_plain_key, judged_strings
 from guard.verdict import Redaction
 
 __all__ = ["check_containers", "encode_body", "parse_body", "redacted_request"]
@@ -215,7 +219,7 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
             "a form or text, or set opaque_media='metadata'",
             field="content-type",
         )
-    return value, "\n".join(body_strings(value))
+    return value, "\n".join(judged_strings(value))
 
 
 def encode_body(value: Any, content_type: str) -> bytes:
@@ -267,7 +271,7 @@ def _untyped(body: bytes, limits: BodyLimits) -> tuple[Any, str]:
             text = body.decode("utf-8")
             return text, text
         raise _json_error(exc) from exc
-    return value, "\n".join(body_strings(value))
+    return value, "\n".join(judged_strings(value))
 
 
 def _also_json(text: str, body: bytes, limits: BodyLimits) -> str:
@@ -296,7 +300,7 @@ def _also_json(text: str, body: bytes, limits: BodyLimits) -> str:
                 raise _json_error(exc) from exc
     if not values and ("\n" in decoded or "\r" in decoded):
         values = json_readings(decoded)  # JSON Lines, application/json-seq, an event stream
-    return "\n".join([text, *body_strings(values)]) if values else text
+    return "\n".join([text, *judged_strings(values)]) if values else text
 
 
 def _reads_as_wide_json(body: bytes) -> bool:
