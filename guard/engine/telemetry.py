@@ -51,6 +51,7 @@ import math
 import os
 import queue
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -1524,26 +1525,55 @@ LOG_FILE_MODE = 0o640
 def open_log_path(path: str | Path) -> IO[str]:
     """``path`` opened to append UTF-8 lines (created if missing, as :data:`LOG_FILE_MODE`), line-buffered. A FIFO
     is opened without waiting for a reader (``O_NONBLOCK``, cleared once it is open), where a plain open blocks until
-    one comes. A symbolic link at ``path`` is not followed (``O_NOFOLLOW``): one placed there would have the records
-    written into whatever file it names.
+    one comes. A symbolic link at ``path`` is not followed to a file (``O_NOFOLLOW``): one placed there would have
+    the records written into whatever file it names; it is followed only to a stream (:func:`_opened_through_link`:
+    ``/dev/stdout`` in a container).
 
     Raises:
         OSError: as ``open`` does; ``ENXIO`` for a FIFO no process has open for reading; ``ELOOP`` ("is a symbolic
-            link", naming ``path``) for a link.
+            link", naming ``path``) for a link to a file or to nothing.
     """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW, LOG_FILE_MODE)
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW, LOG_FILE_MODE)
     except OSError as exc:
-        if exc.errno == errno.ELOOP and os.path.islink(path):
-            raise OSError(errno.ELOOP, "is a symbolic link (the decision log is not written through one)",
-                          str(path)) from None
-        raise
+        if exc.errno != errno.ELOOP or not os.path.islink(path):
+            raise
+        fd = _opened_through_link(path, flags)
     try:
         os.set_blocking(fd, True)  # a full pipe blocks the writer thread, as its queue expects
         return open(fd, "a", encoding="utf-8", buffering=1)  # the log closes it
     except BaseException:
         os.close(fd)
         raise
+
+
+def _opened_through_link(path: str | Path, flags: int) -> int:
+    """The descriptor of what the symbolic link ``path`` leads to, opened with ``flags`` (never created) where it is
+    a stream, which keeps no file: a pipe, a FIFO or a character device (a terminal, ``/dev/null``); or where it is
+    the file this process's stdout or stderr writes already (``--decision-log /dev/stdout``, whose link is
+    ``/proc/self/fd/1``, with the output sent to a file). What the opened descriptor is gets checked, not the path, so
+    a link changed between a check and the open cannot have another file written.
+
+    Raises:
+        OSError: ``ELOOP`` ("is a symbolic link") for a link to another file (a regular file, a block device) or to
+            nothing; as ``open`` does otherwise.
+    """
+    refused = OSError(errno.ELOOP, "is a symbolic link (the decision log follows one only to a pipe, a terminal or the "
+                      "process's stdout or stderr)", str(path))
+    try:
+        fd = os.open(path, flags | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise refused from None
+    opened = os.fstat(fd)
+    if stat.S_ISFIFO(opened.st_mode) or stat.S_ISCHR(opened.st_mode):
+        return fd
+    for standard in (1, 2):
+        with contextlib.suppress(OSError):  # closed
+            if os.path.samestat(opened, os.fstat(standard)):
+                return fd
+    os.close(fd)
+    raise refused
 
 
 class DecisionLog:

@@ -507,8 +507,8 @@ def test_cli_a_short_store_key_or_an_unwritable_decision_log_is_named(
     link.symlink_to(tmp_path / "elsewhere.jsonl")
     assert main([*argv, "--decision-log", str(link)]) == 2
     err = capsys.readouterr().err
-    assert err == f"guard proxy: --decision-log {link}: is a symbolic link (the decision log is not written through " \
-                  "one)\n", err
+    assert err == f"guard proxy: --decision-log {link}: is a symbolic link (the decision log follows one only to a " \
+                  "pipe, a terminal or the process's stdout or stderr)\n", err
     assert not (tmp_path / "elsewhere.jsonl").exists()
 
 

@@ -8,6 +8,8 @@ import errno
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -300,3 +302,41 @@ def test_a_log_path_that_is_a_symbolic_link_is_refused_at_open_and_on_reopen(
     assert [json.loads(line)["decision_id"] for line in (tmp_path / "decisions.jsonl.1").read_text().splitlines()] \
         == ["d1"]
     assert f"decision log {path} could not be opened again (is a symbolic link" in caplog.text
+
+
+def test_a_log_path_that_is_a_symbolic_link_to_a_stream_is_written_through(tmp_path: Path) -> None:
+    """``--decision-log /dev/stdout`` (a link to ``/proc/self/fd/1``: a container's log pipe) was refused once links
+    were; a link to a pipe, a FIFO or a character device is followed, and one to nothing is refused, creating
+    nothing."""
+    reader, writer = os.pipe()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    fifo_reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    path = tmp_path / "decisions.jsonl"
+    for target, read in [(f"/dev/fd/{writer}", reader), (str(fifo), fifo_reader), (os.devnull, None)]:
+        path.unlink(missing_ok=True)
+        path.symlink_to(target)
+        log = DecisionLog(path)
+        log.record(Verdict("allow", "d1", policy_id="p"), None)
+        log.close()
+        if read is not None:
+            assert json.loads(os.read(read, 65536))["decision_id"] == "d1"
+    for fd in (reader, writer, fifo_reader):
+        os.close(fd)
+    path.unlink()
+    path.symlink_to(tmp_path / "nothing")
+    with pytest.raises(OSError, match="is a symbolic link"):
+        DecisionLog(path)
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_a_symbolic_link_to_the_file_stdout_writes_is_written_through(tmp_path: Path) -> None:
+    """``guard proxy --decision-log /dev/stdout > out.log`` (systemd's ``StandardOutput=append:``) writes the file the
+    process writes already: it is followed where a link to another file is not."""
+    script = ("from guard.engine.telemetry import DecisionLog\nfrom guard.verdict import Verdict\n"
+              "log = DecisionLog('/dev/stdout')\nlog.record(Verdict('allow', 'd1', policy_id='p'), None)\nlog.close()")
+    out = tmp_path / "out.log"
+    with out.open("w") as stdout:
+        subprocess.run([sys.executable, "-c", script], stdout=stdout, check=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert json.loads(out.read_text())["decision_id"] == "d1"
