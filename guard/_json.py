@@ -264,7 +264,7 @@ def surrogates_joined(text: str, *, lone: Literal["replace", "keep"] = "replace"
     """``text`` with each surrogate pair joined into its character and each lone surrogate (U+D800-U+DFFF, which no
     UTF-8 encoder takes: a non-UTF-8 file name from ``os.fsdecode``, a ``\\ud800`` escape) as U+FFFD, or kept as it
     is with ``lone="keep"`` (for a caller that refuses it); ``text`` itself when it holds none."""
-    if not any("\ud800" <= c <= "\udfff" for c in text):
+    if not _SURROGATE.search(text):
         return text
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace" if lone == "replace" else
                                                             "surrogatepass")

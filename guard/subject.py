@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from guard._json import JSON_LEVELS, json_readings
+from guard._json import JSON_LEVELS, json_unescaped
 
 __all__ = [
     "JOINED_WORDS",
@@ -31,6 +31,7 @@ __all__ = [
     "body_text_of",
     "carries_over",
     "digest_of",
+    "escape_readings",
     "is_plain_key",
     "joined_words",
     "judged_strings",
@@ -337,35 +338,30 @@ def body_strings(value: Any) -> list[str]:
 
 
 def judged_strings(value: Any) -> list[str]:
-    """The strings of a parsed body that ``body_text`` joins: :func:`body_strings`, each one holding JSON written with
-    escapes (a field holding ``json.dumps`` of an object: ``{"q": "\\u0069gnore ..."}``) followed by the strings of
-    what a JSON parser reads from it (:func:`guard._json.json_readings`), and so on :data:`~guard._json.JSON_LEVELS`
-    deep: an application that parses the field reads the decoded text, which a rule's pattern must see. Only a
-    string with a backslash and a ``{``, ``[`` or ``"`` is read (without a backslash, its document's strings are
-    already in it as written); a reading is shorter than the string it comes from, so the strings add up to at most
-    ``JSON_LEVELS + 1`` times the body's."""
+    """The strings of a parsed body that ``body_text`` joins: :func:`body_strings`, then their
+    :func:`escape_readings`."""
+    strings = body_strings(value)
+    return strings + escape_readings(strings)
+
+
+def escape_readings(strings: list[str]) -> list[str]:
+    """What an application that parses the JSON ``strings`` hold reads where that JSON is written with escapes (a
+    field holding ``json.dumps`` of an object: ``{"q": "\\u0069gnore ..."}``), which a rule's pattern must see: the
+    strings with a backslash and a ``{``, ``[`` or ``"`` (without a backslash, a document's strings are in it as
+    written), joined by newlines, with their escapes decoded (:func:`guard._json.json_unescaped`: ``{"q": "ignore
+    ..."}``), then that text decoded again while it changes, :data:`~guard._json.JSON_LEVELS` times in all
+    (``json.dumps`` applied twice or more). Each decoding is one pass over a text no longer than the one before, so
+    the readings add up to at most ``JSON_LEVELS`` times the strings' length, in time linear in it, however many
+    strings there are (parsing each string as a document took seconds for a 1 MiB body of short strings)."""
+    text = "\n".join(s for s in strings if "\\" in s and ("{" in s or "[" in s or '"' in s))
     out: list[str] = []
-    for text in body_strings(value):
-        out.append(text)
-        if "\\" in text and _may_hold_json(text):
-            out += _readings(text, JSON_LEVELS)
+    for _ in range(JSON_LEVELS):
+        decoded = json_unescaped(text)
+        if decoded == text:
+            break
+        out.append(decoded)
+        text = decoded
     return out
-
-
-def _readings(text: str, levels: int) -> list[str]:
-    """The strings of the JSON ``text`` holds, each followed by its own readings, ``levels`` deep
-    (:func:`judged_strings`)."""
-    out: list[str] = []
-    for inner in body_strings(json_readings(text)):
-        out.append(inner)
-        if levels > 1 and "\\" in inner and _may_hold_json(inner):
-            out += _readings(inner, levels - 1)
-    return out
-
-
-def _may_hold_json(text: str) -> bool:
-    """Whether ``text`` holds a character a document :func:`guard._json.json_readings` reads may start with."""
-    return "{" in text or "[" in text or '"' in text
 
 
 #: What :func:`carries_over` counts for each value inside a body, arguments or result, besides a string's length: a

@@ -14,9 +14,9 @@ in document order, joined by newlines, with these rules:
   (Starlette's ``request.json()`` is ``json.loads`` of the bytes, whatever the media type: a byte-order mark and
   UTF-16/32 are read too), so the document's decoded strings follow the text (:func:`_also_json`).
 * **A string holding JSON written with escapes is judged as it decodes too.** A field holding ``json.dumps`` of an
-  object (``{"msg": "{\\"q\\": \\"\\\\u0069gnore ...\\"}"}``) reaches an application that parses it as the decoded
-  text, so the strings of its document follow it, :data:`guard._json.JSON_LEVELS` deep
-  (:func:`guard.subject.judged_strings`).
+  object (``{"msg": "{\\"q\\": \\"\\\\u0069gnore ...\\"}"}``), a form field's or a text body's too, reaches an
+  application that parses it as the decoded text, so the strings' text with its escapes decoded follows them,
+  :data:`guard._json.JSON_LEVELS` times over (:func:`guard.subject.escape_readings`).
 * **An HTML or XML body is judged as written and as a parser reads it** (:func:`guard._markup.with_markup_reading`:
   ``&#65;TTACK``, ``AT<![CDATA[TACK]]>``); its value stays the text as sent, the one a ``redact`` verdict masks.
 * **File metadata is not text.** A multipart file's ``filename`` and ``content_type`` stay in ``body`` (a policy's
@@ -51,7 +51,7 @@ from guard.asgi._multipart import FILE_TEXT, parse_multipart
 from guard.asgi.limits import BodyLimits
 from guard.errors import BodyError, InvalidJson
 from guard.policy.redact import apply_redactions
-from guard.subject import body_strings, is_plain_key, judged_strings
+from guard.subject import body_strings, escape_readings, is_plain_key, judged_strings
 from guard.verdict import Redaction
 
 __all__ = ["check_containers", "encode_body", "parse_body", "redacted_request"]
@@ -60,7 +60,8 @@ __all__ = ["check_containers", "encode_body", "parse_body", "redacted_request"]
 def _form_strings(fields: dict[str, list[Any]], limits: BodyLimits) -> list[str]:
     """The judged strings of a multipart form: field names and file names that are not plain identifiers (an app
     stores and reads a file's name: ``x'; DROP TABLE users; --.txt`` is judged, ``a.txt`` is not), text values and
-    file contents, each with what it reads as JSON (:func:`_field_json`); never a file's media type.
+    file contents, each with what it reads as JSON (:func:`_field_json`), then the text of the JSON written with
+    escapes in them (:func:`guard.subject.escape_readings`); never a file's media type.
 
     Raises:
         BodyError: 413 ``body_too_complex`` when the values read as JSON hold more ``[`` and ``{`` together than
@@ -83,7 +84,7 @@ def _form_strings(fields: dict[str, list[Any]], limits: BodyLimits) -> list[str]
     check_containers("".join(out[i] for i in json_read).encode("utf-8", "surrogatepass"), limits)
     for i in reversed(json_read):
         out[i + 1 : i + 1] = _field_json(out[i])
-    return out
+    return out + escape_readings(out)
 
 
 def _reads_as_json(value: str) -> bool:

@@ -69,7 +69,7 @@ from guard.errors import BodyError
 from guard.policy import Policy
 from guard.policy.loader import policy_subjects
 from guard.policy.redact import apply_redactions
-from guard.subject import HttpSubject, body_strings
+from guard.subject import HttpSubject, judged_strings
 from guard.verdict import Verdict
 
 __all__ = [
@@ -675,7 +675,7 @@ def _window_subject(head: HttpSubject, text: str, joined: tuple[tuple[str, ...],
     what a client's JSON parser reads from it (decoded) and each of the events' joined texts (``joined``,
     :meth:`DeltaJoiner.joined`, also the subject's ``deltas``)."""
     read = with_markup_reading(text) if is_markup(head.content_type) else text
-    judged = "\n".join([read, *body_strings(json_readings(text, piece=True)), *("".join(p) for p in joined)])
+    judged = "\n".join([read, *judged_strings(json_readings(text, piece=True)), *("".join(p) for p in joined)])
     return head.with_body(text, judged, deltas=joined)
 
 
