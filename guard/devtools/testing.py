@@ -51,7 +51,7 @@ from guard.policy._yaml import LineMap, load_yaml, read_policy_file
 from guard.policy._yaml import Path as KeyPath
 from guard.policy.loader import PolicyLoadError, PolicySet, load_text, policy_subjects, validation_problem
 from guard.policy.policy import Policy
-from guard.subject import AgentEvent, AgentSubject, HttpSubject, Subject, TurnMessage, body_strings
+from guard.subject import AgentEvent, AgentSubject, HttpSubject, Subject, TurnMessage, body_text_of
 from guard.systemone import QuestionV1
 from guard.verdict import Action, FailMode, Verdict
 
@@ -195,7 +195,7 @@ def test_file_schema() -> dict[str, Any]:
 def subject_from_json(data: Any) -> Subject:
     """A subject from ``{"http": {...}}`` or ``{"agent": {...}}`` (the fields of :class:`HttpSubject` /
     :class:`AgentSubject`, an agent's ``history`` as a list of :class:`TurnMessage` objects); ``body_text`` defaults to the body's judged strings joined by newlines, as the middleware builds it:
-    :func:`guard.subject.body_strings`). As on the wire, a ``?query`` in ``http.path`` is read into the query and a
+    :func:`guard.subject.body_text_of`). As on the wire, a ``?query`` in ``http.path`` is read into the query and a
     ``#fragment`` dropped, and ``http.host`` (else a ``Host`` header) is read as the middleware reads ``Host``.
 
     Raises:
@@ -275,7 +275,7 @@ def _message(headers: Mapping[str, str], content_type: str, body: Any, body_text
             and media not in _FORM_MEDIA):
         raise ValueError(f"input.http.body: an object or list sent as {media}, which the middleware reads as text, "
                          "not JSON: give the body as a string, or a JSON (or form) content type")
-    text = body_text if body_text is not None else "\n".join(body_strings(body))
+    text = body_text if body_text is not None else body_text_of(body)
     return {"headers": lowered, "content_type": media, "body": body, "body_text": text}
 
 
