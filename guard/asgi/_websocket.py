@@ -2,9 +2,10 @@
 
 An upgrade on a path some policy matches is refused (:mod:`guard.asgi._upgrade`), and so is one with a method
 override unless the middleware ignores them (400 ``method_override``, as the middleware refuses it; the handshake
-never carries an override header on). Any other upgrade is opened to the upstream (an unreachable or refusing upstream: 502 ``upstream_unavailable``, or a close with
-1014) (``ws://`` or ``wss://`` for ``http://`` or ``https://``, the same host, path prefix
-and path rules as HTTP), the subprotocol the upstream picks is accepted, and text and binary messages are relayed both
+never carries an override header on). Any other upgrade is opened to the upstream (an unreachable or refusing upstream,
+one answering with a redirect included, which is not followed: 502 ``upstream_unavailable``, or a close with 1014)
+(``ws://`` or ``wss://`` for ``http://`` or ``https://``, the same host, path prefix and path rules as HTTP), the
+subprotocol the upstream picks is accepted, and text and binary messages are relayed both
 ways until either side closes; the close code goes to the other side.
 """
 
@@ -38,6 +39,16 @@ _TRY_AGAIN_LATER = 1013
 #: Close codes no endpoint may send (RFC 6455 7.4.1: 1005, 1006 and 1015 only report what happened), and the code
 #: the relay sends the client in their place: 1000 for "no status", 1014 ("bad gateway") for an abnormal end.
 _UNSENDABLE = {1005: 1000, 1006: 1014, 1015: 1014}
+
+
+class _Connect(connect):
+    """``websockets``' client connection without redirects: a 3xx to the upstream handshake refuses it, as any other
+    status does, rather than being followed (it names a path no policy checked, or another host that would get the
+    client's headers)."""
+
+    def process_redirect(self, exc: Exception) -> Exception | str:
+        """The handshake's error as it is: never a URI to follow."""
+        return exc
 
 
 class WebSocketRelay:
@@ -100,8 +111,8 @@ class WebSocketRelay:
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.upgrade_headers(scope)
                    if k.lower() not in _HANDSHAKE]
         try:
-            upstream = await connect(url, additional_headers=headers, subprotocols=scope.get("subprotocols") or None,
-                                     open_timeout=self.open_timeout, max_size=None, compression=None)
+            upstream = await _Connect(url, additional_headers=headers, subprotocols=scope.get("subprotocols") or None,
+                                      open_timeout=self.open_timeout, max_size=None, compression=None)
         except (OSError, TimeoutError, InvalidHandshake) as exc:
             code = exc.response.status_code if isinstance(exc, InvalidStatus) else None
             logger.warning("websocket upstream %s refused or unreachable for path %r (%s)", self._base, scope["path"],

@@ -409,3 +409,28 @@ async def test_the_relay_never_sends_an_override_header_on(upstream: str) -> Non
     finally:
         await guard.aclose()
     assert got["x-user"] == "ann" and not {name.lower() for name in overrides} & set(got)
+
+
+async def test_an_upstream_redirect_is_not_followed(make_guard: Callable[..., Guard]) -> None:
+    """Attack finding: the relay's client followed an upstream's 3xx to the handshake (up to 10 times), so an upgrade
+    on ``/live/moved``, which no policy matches, was opened on the ``/open/feed`` the redirect named, a path a policy
+    matches (its upgrade is refused), or on any other host with the client's headers. The 3xx is now the upstream
+    refusing the handshake: 502 ``upstream_unavailable``, and nothing is opened where it points."""
+    from starlette.responses import RedirectResponse
+
+    opened: list[str] = []
+
+    async def moved_or_echo(websocket: WebSocket) -> None:
+        if websocket.url.path == "/live/moved":
+            await websocket.send_denial_response(RedirectResponse("/open/feed", status_code=307))
+            return
+        opened.append(websocket.url.path)
+        await echo(websocket)
+
+    with serve_in_thread(Starlette(routes=[WebSocketRoute("/{path:path}", moved_or_echo)])) as upstream, \
+            serve_in_thread(proxy_app(make_guard(), ProxyConfig(upstream))) as proxy, \
+            pytest.raises(InvalidStatus) as refused:
+        async with connect(f"{proxy.replace('http://', 'ws://')}/live/moved"):
+            pass
+    assert refused.value.response.status_code == 502 and opened == []
+
