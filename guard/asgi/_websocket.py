@@ -44,7 +44,8 @@ _UNSENDABLE = {1005: 1000, 1006: 1014, 1015: 1014}
 class _Connect(connect):
     """``websockets``' client connection without redirects: a 3xx to the upstream handshake refuses it, as any other
     status does, rather than being followed (it names a path no policy checked, or another host that would get the
-    client's headers)."""
+    client's headers). The relay opens it with ``proxy=None``: to the upstream itself, as the HTTP pool connects,
+    never through a proxy the environment names (``HTTP_PROXY``, ``ALL_PROXY``)."""
 
     def process_redirect(self, exc: Exception) -> Exception | str:
         """The handshake's error as it is: never a URI to follow."""
@@ -112,7 +113,7 @@ class WebSocketRelay:
                    if k.lower() not in _HANDSHAKE]
         try:
             upstream = await _Connect(url, additional_headers=headers, subprotocols=scope.get("subprotocols") or None,
-                                      open_timeout=self.open_timeout, max_size=None, compression=None)
+                                      open_timeout=self.open_timeout, max_size=None, compression=None, proxy=None)
         except (OSError, TimeoutError, InvalidHandshake) as exc:
             code = exc.response.status_code if isinstance(exc, InvalidStatus) else None
             logger.warning("websocket upstream %s refused or unreachable for path %r (%s)", self._base, scope["path"],

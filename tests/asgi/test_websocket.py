@@ -434,3 +434,21 @@ async def test_an_upstream_redirect_is_not_followed(make_guard: Callable[..., Gu
             pass
     assert refused.value.response.status_code == 502 and opened == []
 
+
+async def test_the_relay_connects_to_the_upstream_directly(
+    make_guard: Callable[..., Guard], upstream: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack finding: the relay's client took a proxy from the environment (``HTTP_PROXY``, ``ALL_PROXY``), which
+    HTTP requests to the upstream never use, so each WebSocket, with the client's cookies and tokens, went through
+    that proxy (here a dead one: 502). It now connects to the upstream as HTTP requests do."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{dead}")
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with serve_in_thread(proxy_app(make_guard(), ProxyConfig(upstream))) as proxy:
+        async with connect(f"{proxy.replace('http://', 'ws://')}/live/feed", proxy=None) as ws:
+            await ws.send("hello")
+            assert await ws.recv() == "echo hello /live/feed None"
