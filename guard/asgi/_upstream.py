@@ -10,15 +10,16 @@ in pieces of at most :data:`READ_BYTES`, and the connection stops reading from t
 head is, so a stream's head is never held back.
 
 Response framing follows RFC 9112 6.3: no body for ``HEAD``, 1xx, 204 and 304; ``Transfer-Encoding: chunked``
-(de-chunked; trailers are dropped); ``Content-Length``; else until the upstream closes. llhttp refuses what servers
-could read two ways: ``Content-Length`` with ``Transfer-Encoding``, differing lengths, folded or malformed header
-lines; a status outside 100-599 (which uvicorn cannot send on) is refused too. A connection goes back to the pool
-only after its response was read to the end with a known length and neither side said ``Connection: close``, and not
-after a response without a body (``HEAD``, 204, 304) whose head announces one: that body may still come, late, and be
-read as the next request's answer. Idle connections older than :data:`KEEPALIVE_EXPIRY_S`, closed by the upstream, or
-sent bytes while no request was out (checked again when one is taken) are dropped; a request with a body takes a
-connection only once its first piece is in, so its head is written at once. A request without a body that fails on a
-reused connection before any response byte (the upstream closed it meanwhile) is sent once more on a new connection.
+(de-chunked; trailers are dropped); ``Content-Length``; else until the upstream closes (a reset breaks such a body
+rather than ending it). llhttp refuses what servers could read two ways: ``Content-Length`` with ``Transfer-Encoding``,
+differing lengths, folded or malformed header lines; a status outside 100-599 (which uvicorn cannot send on) is refused
+too. A connection goes back to the pool only after its response was read to the end with a known length and neither side
+said ``Connection: close``, and not after a response without a body (``HEAD``, 204, 304) whose head announces one: that
+body may still come, late, and be read as the next request's answer. Idle connections older than
+:data:`KEEPALIVE_EXPIRY_S`, closed by the upstream, or sent bytes while no request was out (checked again when one is
+taken) are dropped; a request with a body takes a connection only once its first piece is in, so its head is written at
+once. A request without a body that fails on a reused connection before any response byte (the upstream closed it
+meanwhile) is sent once more on a new connection.
 
 Errors: :class:`UpstreamTimeout` (no connection, or no bytes within the read timeout), :class:`UpstreamUnavailable`
 (refused, reset, malformed response head), :class:`UpstreamBroken` (the response broke after its head),
@@ -171,18 +172,18 @@ class _Connection(asyncio.Protocol):
         _wake(self._waiter)
 
     def eof_received(self) -> bool:
-        self._closed_by_upstream()
+        self._closed_by_upstream(ended=True)
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closed_by_upstream()
+        self._closed_by_upstream(ended=exc is None)
         _wake(self._drained)
 
-    def _closed_by_upstream(self) -> None:
-        """The connection ended (the upstream's FIN, or the transport's end): a close-delimited body is complete
-        (RFC 9112 6.3), and the reader is woken."""
+    def _closed_by_upstream(self, *, ended: bool) -> None:
+        """The connection ended (the upstream's FIN, or the transport's end) or broke (a reset, ``ended`` false):
+        a close-delimited body is complete only when it ended (RFC 9112 6.3); the reader is woken."""
         self.closed = True
-        if self.head_done and not self.complete and self._until_close and self.error is None:
+        if ended and self.head_done and not self.complete and self._until_close and self.error is None:
             self.complete = True
         _wake(self._waiter)
 

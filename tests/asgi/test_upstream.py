@@ -320,3 +320,35 @@ async def test_silence_is_a_timeout_and_no_listener_is_unavailable() -> None:
             await _get(_pool(port, read_timeout=0.2))
     with pytest.raises(UpstreamUnavailable):
         await _get(_pool(port))
+
+
+async def test_a_reset_ends_a_close_delimited_body_as_broken() -> None:
+    """Attack finding: a reset (RST) from the upstream in the middle of a body framed by the connection's end was read
+    as that end, so the proxy ended a truncated body as if it were complete. Only the upstream's FIN ends one; a
+    reset breaks it."""
+    import socket
+    import struct
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nthe first half")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close() sends a RST
+        writer.transport.abort()
+
+    server, port, _ = await _serve(handler)
+    async with server:
+        pool = _pool(port)
+        response = await pool.request("GET", b"/x", [(b"host", b"up")], None)
+        pieces = []
+        try:
+            with pytest.raises(UpstreamBroken):
+                async for piece in response.body():
+                    pieces.append(piece)
+        finally:
+            await response.aclose()
+        assert b"".join(pieces) == b"the first half" and not response.complete
+        await pool.aclose()
+
