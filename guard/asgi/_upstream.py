@@ -21,9 +21,10 @@ taken) are dropped; a request with a body takes a connection only once its first
 once. A request without a body that fails on a reused connection before any response byte (the upstream closed it
 meanwhile) is sent once more on a new connection.
 
-Errors: :class:`UpstreamTimeout` (no connection, or no bytes within the read timeout), :class:`UpstreamUnavailable`
-(refused, reset, malformed response head), :class:`UpstreamBroken` (the response broke after its head),
-:class:`UpstreamBusy` (every connection of the pool stayed in use for the queue timeout).
+Errors: :class:`UpstreamTimeout` (no connection, no bytes within the read timeout, or none of the request body taken
+for as long), :class:`UpstreamUnavailable` (refused, reset, malformed response head), :class:`UpstreamBroken` (the
+response broke after its head), :class:`UpstreamBusy` (every connection of the pool stayed in use for the queue
+timeout).
 """
 
 from __future__ import annotations
@@ -194,10 +195,15 @@ class _Connection(asyncio.Protocol):
         self._write_paused = False
         _wake(self._drained)
 
-    def close(self) -> None:
+    def close(self, *, abort: bool = False) -> None:
+        """Close the connection; with ``abort``, at once, dropping what was not sent yet (a request cut off, which a
+        graceful close would hold, with its socket, until an upstream that stopped reading took it)."""
         self.closed = True
         if self.transport is not None:
-            self.transport.close()
+            if abort:
+                self.transport.abort()
+            else:
+                self.transport.close()
 
     # parser events (httptools)
 
@@ -284,11 +290,19 @@ class _Connection(asyncio.Protocol):
         if not woken:
             raise TimeoutError
 
-    async def drain(self) -> None:
-        """Until the transport's write buffer is below its high-water mark (or the connection closed)."""
+    async def drain(self, timeout: float) -> None:
+        """Until the transport's write buffer is below its high-water mark (or the connection closed).
+
+        Raises:
+            UpstreamTimeout: the upstream read none of it for ``timeout`` seconds.
+        """
         while self._write_paused and not self.closed:
             self._drained = asyncio.get_running_loop().create_future()
-            await self._drained
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._drained
+            except TimeoutError:
+                raise UpstreamTimeout("the upstream stopped reading the request body") from None
         self._drained = None
 
     def take_piece(self) -> bytes:
@@ -447,11 +461,11 @@ class UpstreamPool:
             # the head goes out with the first piece: one write (one syscall) for the usual one-piece body
             transport.write(head + _framed(first, chunked) if first else head)
             if body is not None:
-                await conn.drain()
+                await conn.drain(self.read_timeout)
                 if not conn.closed:
                     async for piece in body:
                         transport.write(_framed(piece, chunked))
-                        await conn.drain()
+                        await conn.drain(self.read_timeout)
                         if conn.closed:
                             break
                 if chunked:
@@ -468,11 +482,11 @@ class UpstreamPool:
                 await conn.wait(self.read_timeout)
         except TimeoutError as exc:
             conn.end()
-            conn.close()
+            conn.close(abort=True)
             raise UpstreamTimeout("the upstream did not answer in time") from exc
         except BaseException:
             conn.end()
-            conn.close()
+            conn.close(abort=True)
             raise
         return UpstreamResponse(self, conn)
 

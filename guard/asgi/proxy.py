@@ -120,7 +120,8 @@ class ProxyConfig:
     Attributes:
         upstream: base URL of the protected service (``http://127.0.0.1:9000`` or with a path prefix).
         connect_timeout: seconds to connect to the upstream (then 504).
-        read_timeout: seconds of upstream silence allowed, before the response starts or between chunks.
+        read_timeout: seconds of upstream silence allowed, before the response starts or between chunks, and while
+            the upstream reads none of a request body.
         max_connections: most upstream connections open at once (and kept alive when idle).
         queue_timeout: most seconds a request waits for a free upstream connection when all ``max_connections`` are
             in use (slow clients' bodies, a slow upstream); then 503 ``upstream_busy`` with ``Retry-After``.

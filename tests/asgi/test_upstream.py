@@ -352,3 +352,40 @@ async def test_a_reset_ends_a_close_delimited_body_as_broken() -> None:
         assert b"".join(pieces) == b"the first half" and not response.complete
         await pool.aclose()
 
+
+async def test_an_upstream_that_stops_reading_the_body_is_a_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attack finding: an upstream that took the head and then read no more of a large body (stuck, or waiting on
+    something else) held the request for ever: the proxy waited on its full send buffer with no timeout. It is now
+    a timeout once the upstream takes no bytes for the read timeout, and the connection is dropped at once with what
+    was not sent (a graceful close held it, and its socket, until the upstream read it all)."""
+    from guard.asgi import _upstream
+
+    lost: list[Exception | None] = []
+    connection_lost = _upstream._Connection.connection_lost
+
+    def recorded(self: _upstream._Connection, exc: Exception | None) -> None:
+        lost.append(exc)
+        connection_lost(self, exc)
+
+    monkeypatch.setattr(_upstream._Connection, "connection_lost", recorded)
+    done = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await done.wait()
+
+    server, port, _ = await _serve(handler)
+    async with server:
+        piece = b"x" * READ_BYTES
+        try:
+            with pytest.raises(UpstreamTimeout, match="stopped reading"):
+                async with asyncio.timeout(3):
+                    await _get(_pool(port, read_timeout=0.3), "POST", [piece] * 1000,
+                               [(b"content-length", b"%d" % (len(piece) * 1000))])
+            for _ in range(100):
+                if lost:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(lost) == 1
+        finally:
+            done.set()
