@@ -12,13 +12,14 @@ head is, so a stream's head is never held back.
 Response framing follows RFC 9112 6.3: no body for ``HEAD``, 1xx, 204 and 304; ``Transfer-Encoding: chunked``
 (de-chunked; trailers are dropped); ``Content-Length``; else until the upstream closes (a reset breaks such a body
 rather than ending it). llhttp refuses what servers could read two ways: ``Content-Length`` with ``Transfer-Encoding``,
-differing lengths, folded or malformed header lines; a status outside 100-599 (which uvicorn cannot send on) is refused
-too. A connection goes back to the pool only after its response was read to the end with a known length and neither side
-said ``Connection: close``, and not after a response without a body (``HEAD``, 204, 304) whose head announces one: that
-body may still come, late, and be read as the next request's answer. Idle connections older than
-:data:`KEEPALIVE_EXPIRY_S`, closed by the upstream, or sent bytes while no request was out (checked again when one is
-taken) are dropped; a request with a body takes a connection only once its first piece is in, so its head is written at
-once. A request without a body that fails on a reused connection before any response byte (the upstream closed it
+differing lengths, folded or malformed header lines; a status outside 100-599 (which uvicorn cannot send on) and a
+Transfer-Encoding other than ``chunked`` alone (the header is hop-by-hop: the client would get the coded bytes as the
+body) are refused too. A connection goes back to the pool only after its response was read to the end with a known
+length and neither side said ``Connection: close``, and not after a response without a body (``HEAD``, 204, 304) whose
+head announces one: that body may still come, late, and be read as the next request's answer. Idle connections older
+than :data:`KEEPALIVE_EXPIRY_S`, closed by the upstream, or sent bytes while no request was out (checked again when one
+is taken) are dropped; a request with a body takes a connection only once its first piece is in, so its head is written
+at once. A request without a body that fails on a reused connection before any response byte (the upstream closed it
 meanwhile) is sent once more on a new connection.
 
 Errors: :class:`UpstreamTimeout` (no connection, no bytes within the read timeout, or none of the request body taken
@@ -235,10 +236,14 @@ class _Connection(asyncio.Protocol):
             self._interim = True
             self.headers, self._encodings, self._length = [], [], None
             return
-        self.status, self.head_done = status, True
-        self.reusable = parser.should_keep_alive()
         encoding = b", ".join(self._encodings).lower().rstrip()
         no_body = self._head_only or status < 200 or status in (204, 304)
+        if encoding and not no_body and [coding.strip() for coding in encoding.split(b",")] != [b"chunked"]:
+            # a body coded otherwise (gzip) would reach the client without the header that says so (hop-by-hop)
+            self.error = f"the upstream's Transfer-Encoding {encoding[:60].decode('latin-1')!r} is not chunked alone"
+            raise ValueError(self.error)
+        self.status, self.head_done = status, True
+        self.reusable = parser.should_keep_alive()
         self._until_close = not no_body and not encoding.endswith(b"chunked") and self._length is None
         if self._until_close:
             self.reusable = False

@@ -271,6 +271,9 @@ async def test_a_non_idempotent_request_is_not_sent_again_on_a_stale_connection(
         (b"HTTP/1.1 099 Odd\r\ncontent-length: 0\r\n\r\n", UpstreamUnavailable),  # no such status: crashed the app
         (b"HTTP/1.1 000 Odd\r\ncontent-length: 0\r\n\r\n", UpstreamUnavailable),
         (b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\nconnection: upgrade\r\n\r\n", UpstreamUnavailable),
+        # a transfer coding the proxy would drop with the header (hop-by-hop), the coded bytes sent on as the body
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n\x1f\x8b", UpstreamUnavailable),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n2\r\n\x1f\x8b\r\n0\r\n\r\n", UpstreamUnavailable),
     ],
 )
 async def test_malformed_answers_are_errors(answer: bytes, error: type[Exception]) -> None:
