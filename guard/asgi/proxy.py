@@ -118,7 +118,8 @@ class ProxyConfig:
     """Where and how to forward.
 
     Attributes:
-        upstream: base URL of the protected service (``http://127.0.0.1:9000`` or with a path prefix).
+        upstream: base URL of the protected service (``http://127.0.0.1:9000`` or with a path prefix; no user name or
+            password, which the proxy would not send).
         connect_timeout: seconds to connect to the upstream (then 504).
         read_timeout: seconds of upstream silence allowed, before the response starts or between chunks, and while
             the upstream reads none of a request body.
@@ -177,6 +178,9 @@ class ProxyConfig:
             raise ValueError(
                 f"ProxyConfig.upstream {self.upstream!r} must be an http(s) URL without query or fragment"
             )
+        if "@" in parts.netloc:  # never quoted in the error: it holds a password
+            raise ValueError("ProxyConfig.upstream holds a user name or password (user:...@), which the proxy does "
+                             "not send to the upstream; give the URL without them")
         try:
             parts.port  # noqa: B018 - urlsplit checks the port only when it is read
         except ValueError as exc:

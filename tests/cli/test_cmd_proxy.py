@@ -46,6 +46,8 @@ def test_a_number_out_of_its_range_is_a_usage_error_naming_the_flag(
         (["--max-head-bytes", "100"], "--max-head-bytes is 100; it must be at least 1024"),
         (["--allowed-hosts", "api.example.com:443"], "--allowed-hosts: host glob 'api.example.com:443' holds a port"),
         (["--upstream", "ftp://x"], "--upstream 'ftp://x' must be an http(s) URL without query or fragment"),
+        # was accepted, the credentials never sent, and the start-up line printed the password
+        (["--upstream", "http://app:s3cret@127.0.0.1:9000"], "--upstream holds a user name or password"),
         (["--backend", "http://"], ("--backend 'http://': url must be an http:// or https:// URL with a host, got "
                                    "'http://'")),
         (["--backend", "http:ftp://host"], "--backend 'http:ftp://host': url must be an http:// or https:// URL"),
@@ -58,6 +60,7 @@ def test_what_only_the_config_checks_is_named_by_the_flag(
     assert main([*PROXY, *options]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"guard proxy: {message}") and err.count("\n") == 1, err
+    assert "s3cret" not in err
 
 
 def test_an_unknown_otel_propagator_is_one_line_and_exit_2() -> None:
