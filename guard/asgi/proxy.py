@@ -62,6 +62,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from guard._body import Deadline, check_framing
 from guard._tracecontext import quietly
+from guard._urls import password_unclear, shown_url
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._respond import ResponseJudge
 from guard.asgi._responses import refuse_target, send_json
@@ -174,21 +175,21 @@ class ProxyConfig:
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.upstream)
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-            raise ValueError(
-                f"ProxyConfig.upstream {self.upstream!r} must be an http(s) URL without query or fragment"
-            )
-        if "@" in parts.netloc:  # never quoted in the error: it holds a password
+        if "@" in parts.netloc or password_unclear(self.upstream):  # checked first: the errors below quote the URL
             raise ValueError("ProxyConfig.upstream holds a user name or password (user:...@), which the proxy does "
-                             "not send to the upstream; give the URL without them")
+                             "not send to the upstream, or an '@' that may end one (write an '@' of the path as "
+                             "%40); give the URL without them")
+        shown = shown_url(self.upstream) if "@" in self.upstream else self.upstream  # user:password@host, no '//'
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError(f"ProxyConfig.upstream {shown!r} must be an http(s) URL without query or fragment")
         try:
             parts.port  # noqa: B018 - urlsplit checks the port only when it is read
         except ValueError as exc:
-            raise ValueError(f"ProxyConfig.upstream {self.upstream!r}: {exc}") from None
+            raise ValueError(f"ProxyConfig.upstream {shown!r}: {exc}") from None
         try:
             httpx.URL(self.upstream)
         except httpx.InvalidURL as exc:
-            raise ValueError(f"ProxyConfig.upstream {self.upstream!r} is not a valid URL: {exc}") from exc
+            raise ValueError(f"ProxyConfig.upstream {shown!r} is not a valid URL: {exc}") from exc
         for name in ("connect_timeout", "read_timeout", "queue_timeout", "body_idle_timeout"):
             value = getattr(self, name)
             if not value > 0:

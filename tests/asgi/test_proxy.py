@@ -442,6 +442,7 @@ def test_config_validation() -> None:
             ProxyConfig(bad)
     with pytest.raises(ValueError):
         ProxyConfig("http://x", read_timeout=0)
+    assert ProxyConfig("http://[::1]:9000/@org/api").upstream  # an '@' starting a path segment is no password's end
 
 
 def test_cli_refuses_bad_arguments(upstream: tuple[Upstream, str], monkeypatch: pytest.MonkeyPatch) -> None:

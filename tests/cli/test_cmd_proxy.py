@@ -48,6 +48,10 @@ def test_a_number_out_of_its_range_is_a_usage_error_naming_the_flag(
         (["--upstream", "ftp://x"], "--upstream 'ftp://x' must be an http(s) URL without query or fragment"),
         # was accepted, the credentials never sent, and the start-up line printed the password
         (["--upstream", "http://app:s3cret@127.0.0.1:9000"], "--upstream holds a user name or password"),
+        # the checks before it quoted these, password and all
+        (["--upstream", "http://app:s3cret@127.0.0.1:9000/?x=1"], "--upstream holds a user name or password"),
+        (["--upstream", "http://app:s3cret/x@127.0.0.1:9000"], "--upstream holds a user name or password"),
+        (["--upstream", "app:s3cret@127.0.0.1:9000"], "--upstream '[hidden]' must be an http(s) URL"),
         (["--backend", "http://"], ("--backend 'http://': url must be an http:// or https:// URL with a host, got "
                                    "'http://'")),
         (["--backend", "http:ftp://host"], "--backend 'http:ftp://host': url must be an http:// or https:// URL"),
