@@ -13,6 +13,7 @@ __all__ = [
     "PERCENT_U_RE",
     "REFUSED_PATH_ESCAPES",
     "is_path_control",
+    "named_url",
     "password_unclear",
     "percent_u_decoded",
     "shown_url",
@@ -140,3 +141,11 @@ def shown_url(url: str) -> str:
     except ValueError:
         return "[unparsable URL]"
     return split._replace(query="", fragment="").geturl()
+
+
+def named_url(text: str) -> str:
+    """``text``, a URL or an option's value that may hold one, as a message names it: as given, or as
+    :func:`shown_url` shows it when it may hold a password (an ``@``, or a port that is not one:
+    ``redis://user:password``)."""
+    parts = _split(text)
+    return shown_url(text) if "@" in text or (parts is not None and _port_unclear(parts[1])) else text

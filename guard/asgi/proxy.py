@@ -62,7 +62,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from guard._body import Deadline, check_framing
 from guard._tracecontext import quietly
-from guard._urls import password_unclear, shown_url
+from guard._urls import named_url, password_unclear
 from guard.asgi._metrics import HttpMetrics
 from guard.asgi._respond import ResponseJudge
 from guard.asgi._responses import refuse_target, send_json
@@ -179,7 +179,7 @@ class ProxyConfig:
             raise ValueError("ProxyConfig.upstream holds a user name or password (user:...@), which the proxy does "
                              "not send to the upstream, or an '@' that may end one (write an '@' of the path as "
                              "%40); give the URL without them")
-        shown = shown_url(self.upstream) if "@" in self.upstream else self.upstream  # user:password@host, no '//'
+        shown = named_url(self.upstream)  # user:password@host, with no '//', is still hidden
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
             raise ValueError(f"ProxyConfig.upstream {shown!r} must be an http(s) URL without query or fragment")
         try:

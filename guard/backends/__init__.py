@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from guard._urls import shown_url
+from guard._urls import named_url, shown_url
 from guard.backends.base import DecisionBackend
 from guard.backends.batcher import BatcherConfig, BatcherState, BatcherStats, BatchInfo, MicroBatcher
 from guard.backends.fixture import FixtureBackend
@@ -74,7 +74,7 @@ def open_backend(spec: str, *, dtype: Any = None, device: str = "cpu", api_key: 
         from guard.backends.compact import CompactBackend
 
         return CompactBackend.from_pretrained(arg) if arg else CompactBackend.default()
-    raise ValueError(f"--backend {spec!r}: expected {BACKEND_SPECS}")
+    raise ValueError(f"--backend {named_url(spec)!r}: expected {BACKEND_SPECS}")
 
 
 def _http_backend(spec: str, url: str, api_key: str | None) -> SystemOneClient:

@@ -47,6 +47,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from guard._urls import named_url
 from guard.asgi._responses import DECISION_HEADERS
 from guard.asgi.admin import DEFAULT_ADMIN_LISTEN
 from guard.asgi.limits import DEFAULT_STREAM_FLUSH_S, DEFAULT_STREAM_HOLD_CHARS, BodyLimits
@@ -460,8 +461,8 @@ def run(args: argparse.Namespace) -> int:
     if log is not None:  # logrotate's postrotate: kill -HUP <pid> (the default action of SIGHUP ends the process)
         signal.signal(signal.SIGHUP, lambda signum, frame: log.reopen())
     print(
-        f"guard proxy: http://{runtime.host}:{runtime.port} -> {args.upstream} "
-        f"(policies: {', '.join(args.policy)}; backend: {args.backend}); "
+        f"guard proxy: http://{runtime.host}:{runtime.port} -> {named_url(args.upstream)} "
+        f"(policies: {', '.join(args.policy)}; backend: {named_url(args.backend)}); "
         f"admin: http://{runtime.admin_host}:{runtime.admin_port}",
         file=sys.stderr,
     )

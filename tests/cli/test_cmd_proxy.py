@@ -67,6 +67,22 @@ def test_what_only_the_config_checks_is_named_by_the_flag(
     assert "s3cret" not in err
 
 
+def test_the_start_up_line_names_the_backend_without_its_password(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Attack finding: ``--backend http://user:password@worker`` (httpx sends it as Basic auth) was printed whole on
+    the start-up line, into every log that keeps the proxy's stderr; so was a malformed one in its error."""
+    from guard.asgi import server
+
+    monkeypatch.setattr(server, "serve_together", lambda *args, **kwargs: None)
+    assert main([*PROXY, "--backend", "http://worker:s3cret@127.0.0.1:9"]) == 0
+    err = capsys.readouterr().err
+    assert "backend: http://127.0.0.1:9)" in err and "s3cret" not in err, err
+    assert main([*PROXY, "--backend", "http://worker:s3cret@127.0.0.1:99999"]) == 2
+    err = capsys.readouterr().err
+    assert "Port out of range" in err and "s3cret" not in err, err
+
+
 def test_an_unknown_otel_propagator_is_one_line_and_exit_2() -> None:
     """OpenTelemetry reads ``OTEL_PROPAGATORS`` when ``opentelemetry.propagate`` is first imported and raises for a
     name it cannot load: every command (``guard policy check`` too) died with a traceback while its parser was
