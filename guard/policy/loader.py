@@ -562,6 +562,9 @@ def _outcome(spec: Any, where: KeyPath, file_spec: PolicyFileSpec, problem: Any)
         problem((*where, "handoff"), f"'handoff' is only for action handoff, not {spec.action}")
     if spec.status is not None and spec.action != "block":
         problem((*where, "status"), f"'status' is only for action block, not {spec.action}")
+    if spec.retry_after is not None and spec.action == "allow":
+        problem((*where, "retry_after"), "'retry_after' is never sent with action allow: an allowed request gets "
+                "the application's own response")
     status = spec.status if spec.status is not None else (403 if spec.action == "block" else None)
     redactor = _redactor(spec, where, problem)
     return Outcome(spec.action, status=status, message=spec.message, retry_after=spec.retry_after,

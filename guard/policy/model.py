@@ -475,8 +475,8 @@ class OutcomeSpec(_Strict):
         ge=0,
         le=MAX_RETRY_AFTER_S,
         allow_inf_nan=False,
-        description=f"Seconds, sent as Retry-After (e.g. with status 429), at most {MAX_RETRY_AFTER_S} (a day); "
-        "omitted: none.",
+        description=f"Seconds, sent as Retry-After (e.g. with status 429; not with allow), at most {MAX_RETRY_AFTER_S} "
+        "(a day); omitted: none.",
     )
     handoff: str | None = Field(
         default=None, description="A key of the file's handoff_targets (handoff only, and required there)."

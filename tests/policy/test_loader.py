@@ -122,6 +122,11 @@ def test_base_policy_loads() -> None:
         ("urgency.score >= 1.5", "urgency.score >=", 17, "policies[0].rules[0].when", "CEL syntax error"),
         ("        action: escalate\n", "        action: escalate\n        status: 403\n", 19,
          "policies[0].rules[0].status", "only for action block"),
+        # a Retry-After an allow never sends (verdict_headers leaves it out): a rule or default saying one loaded
+        ("        action: escalate\n", "        action: allow\n        retry_after: 60\n", 19,
+         "policies[0].rules[0].retry_after", "never sent with action allow"),
+        ("    version: 1\n", "    version: 1\n    default: {action: allow, retry_after: 60}\n", 4,
+         "policies[0].default.retry_after", "never sent with action allow"),
         ("        action: escalate\n", "        action: handoff\n        handoff: nobody\n", 19,
          "policies[0].rules[0].handoff", "not in handoff_targets"),
         ("        action: escalate\n", "        action: block\n        status: 200\n", 19,
