@@ -463,6 +463,10 @@ def _check_actions(spec: PolicySpec, problem: Any) -> None:
     if response and spec.on_error is not None and spec.on_error.mode == "escalate":
         problem(("on_error", "mode"), "a response policy (match.http.response) fails closed or open, not escalate: "
                 "the request was already answered by the upstream, there is nothing left to hold for review")
+    if spec.on_error is not None and spec.on_error.mode != "closed":
+        for name in sorted({"status", "retry_after"} & spec.on_error.model_fields_set):
+            problem(("on_error", name), f"'{name}' is only for mode closed (the block it sends), not "
+                    f"{spec.on_error.mode}")
     if response and spec.match.agent is not None:
         problem(("match", "agent"), "a response policy (match.http.response) judges HTTP responses only; put the "
                 "agent match in a policy of its own")

@@ -516,14 +516,14 @@ class OnErrorSpec(_Strict):
     mode: FailModeName = Field(
         description="closed (block with status), open (allow, flagged and logged) or escalate (human review)."
     )
-    status: int = Field(default=503, ge=400, le=599, description="HTTP status of a fail-closed block.")
+    status: int = Field(default=503, ge=400, le=599, description="HTTP status of a fail-closed block (closed only).")
     retry_after: float = Field(
         default=5.0,
         ge=0,
         le=MAX_RETRY_AFTER_S,
         allow_inf_nan=False,
-        description=f"Seconds for Retry-After on a fail-closed block, at most {MAX_RETRY_AFTER_S} (a day); a shorter "
-        "hint from the backend is passed on, a longer one is capped at this value.",
+        description=f"Seconds for Retry-After on a fail-closed block (closed only), at most {MAX_RETRY_AFTER_S} "
+        "(a day); a shorter hint from the backend is passed on, a longer one is capped at this value.",
     )
     message: str | None = Field(
         default=None, description="Text for the caller; default for closed: the decision service is unavailable."

@@ -122,6 +122,11 @@ def test_base_policy_loads() -> None:
         ("urgency.score >= 1.5", "urgency.score >=", 17, "policies[0].rules[0].when", "CEL syntax error"),
         ("        action: escalate\n", "        action: escalate\n        status: 403\n", 19,
          "policies[0].rules[0].status", "only for action block"),
+        # a fail mode that sends no block has no status or Retry-After: written there, they loaded and did nothing
+        ("    version: 1\n", "    version: 1\n    on_error: {mode: open, status: 500}\n", 4,
+         "policies[0].on_error.status", "only for mode closed"),
+        ("    version: 1\n", "    version: 1\n    on_error: {mode: escalate, retry_after: 30}\n", 4,
+         "policies[0].on_error.retry_after", "only for mode closed"),
         # a Retry-After an allow never sends (verdict_headers leaves it out): a rule or default saying one loaded
         ("        action: escalate\n", "        action: allow\n        retry_after: 60\n", 19,
          "policies[0].rules[0].retry_after", "never sent with action allow"),
