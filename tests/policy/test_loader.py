@@ -368,11 +368,12 @@ def test_versions_and_shorthands() -> None:
 
 
 def test_a_comparison_that_can_never_decide_is_a_load_error() -> None:
-    """``check`` said ok for an option id the question does not have (the rule never fired) and for a threshold no
-    probability reaches (``data: {block_threshold: 85}``), while arithmetic and concatenation around an operand
-    stay allowed."""
+    """``check`` said ok for an option id the question does not have, written out or in ``data`` (the rule never
+    fired), and for a threshold no probability reaches (``data: {block_threshold: 85}``), while arithmetic and
+    concatenation around an operand stay allowed."""
     head = """
-data: {block_threshold: 85, review: 0.6, review_pct: 60, thresholds: {block: 85, review: 0.5}}
+data: {block_threshold: 85, review: 0.6, review_pct: 60, thresholds: {block: 85, review: 0.5}, route: biling,
+       routes: [tech, biling], known: [tech, billing]}
 policies:
   - id: p
     version: 1
@@ -404,6 +405,13 @@ policies:
         'injection.noul >= data["block_threshold"]': "'injection.noul >= data[\"block_threshold\"]' is always false "
                                                      '(data["block_threshold"] is 85)',
         "data['thresholds'].block <= answers.injection.noul": "always false (data['thresholds'].block is 85)",
+        # an option named in data: the rule loaded and never fired
+        "queue.choice == data.route": "queue has no option 'biling' (its options: billing, tech), which data.route "
+                                      "holds",
+        "data['route'] != answers.queue.choice": "no option 'biling'",
+        "queue.choice in data.routes": "queue has no option 'biling' (its options: billing, tech), which data.routes "
+                                       "holds",
+        "queue.probabilities[data.route] > 0.5": "no option 'biling'",
         # a bound the text scan did not read, as a comparison run alone over the field's range finds it
         "injection.noul * 1.0 >= data.block_threshold": "'injection.noul * 1.0 >= data.block_threshold' is always "
                                                         "false (data.block_threshold is 85): injection.noul is a "
@@ -426,6 +434,7 @@ policies:
                  "injection.noul >= data.thresholds.review && data.thresholds.review < 1",  # a band's redundant upper end
                  'answers["queue"].choice == "tech" && answers.injection.noul >= data["thresholds"]["review"]',
                  "injection.noul * 100.0 >= double(data.review_pct) && injection.noul * 100.0 < 60.5",  # a narrow band
+                 "queue.choice in data.known && queue.probabilities[data.known[0]] > 0.5",
                  "data.review_pct == 0 && injection.noul > 0.5",  # a switch in data: not an answer's comparison
                  "injection.noul * 1.0 <= 1.0 && sev.score + 0.0 >= 0.0"):  # literal bounds that always hold
         load_text(head % when.replace("'", "''"), "p.yaml")
