@@ -262,10 +262,10 @@ class ResponseMatchSpec(_Strict):
     """Which upstream responses a response policy judges (of the requests its other ``http`` conditions match).
     Every listed condition must hold; an empty list means "any"."""
 
-    status: list[int] = Field(
+    status: list[Annotated[int, Field(ge=100, le=599)]] = Field(
         default_factory=list,
         json_schema_extra={"default": []},
-        description="Response status codes, e.g. [200, 201]; [] = any.",
+        description="Response status codes (100 to 599), e.g. [200, 201]; [] = any.",
     )
     headers: dict[str, str] = Field(
         default_factory=dict,

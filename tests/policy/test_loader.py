@@ -115,6 +115,9 @@ def test_base_policy_loads() -> None:
         ("    version: 1\n", "    version: 1\n    mode: dry-run\n", 4, "policies[0].mode", "'enforce' or 'shadow'"),
         ("      http: {methods: [POST]}\n", "      http: {methods: POST}\n", 5, "policies[0].match.http.methods",
          "valid list"),
+        # a status no response has: the response policy loaded and never judged anything
+        ("      http: {methods: [POST]}\n", "      http: {methods: [POST], response: {status: [200, 2000]}}\n", 5,
+         "policies[0].match.http.response.status[1]", "less than or equal to 599"),
         ("  - id: p\n", "  - id: 'bad id!'\n", 2, "policies[0].id", "an id or name is 1 to 100 characters"),
         # rules
         ("urgency.score >= 1.5", "severity.score >= 1.5", 17, "policies[0].rules[0].when", "unknown name 'severity'"),
