@@ -13,7 +13,7 @@ from guard.policy._re2 import Pattern, compile_re2
 from guard.policy.model import AgentMatchSpec, HttpMatchSpec, ResponseMatchSpec
 from guard.subject import AgentSubject, HttpSubject
 
-__all__ = ["AgentMatcher", "HttpMatcher", "ResponseMatcher", "compile_glob", "media_matches"]
+__all__ = ["TOOL_EVENTS", "AgentMatcher", "HttpMatcher", "ResponseMatcher", "compile_glob", "media_matches"]
 
 #: A UTF-16 surrogate code point, which RE2 (UTF-8) cannot read: in a glob and in the text it is matched as U+FFFD.
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -221,6 +221,9 @@ class HttpMatcher:
         if self.hosts is not None and not _fullmatch(self.hosts, subject.host.lower()):
             return False
         return _headers_match(self.headers, subject.headers, subject.repeated_headers)
+
+#: The agent events that name a tool: a ``match.agent.tools`` list matches only these.
+TOOL_EVENTS = frozenset({"tool_call", "tool_result"})
 
 
 @dataclass(frozen=True)

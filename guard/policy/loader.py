@@ -26,7 +26,7 @@ import pydantic
 
 from guard.errors import FieldError, PolicyError, RequestValidationError
 from guard.policy import rule_check
-from guard.policy._match import AgentMatcher, HttpMatcher
+from guard.policy._match import TOOL_EVENTS, AgentMatcher, HttpMatcher
 from guard.policy._state import (
     AGENT_SOURCES,
     HTTP_SOURCES,
@@ -304,6 +304,12 @@ def _compile(
         for name in spec.match.http.headers:
             if (error := _header_name_error(name, f"the header name {name!r}")) is not None:
                 problem(("match", "http", "headers", name), error)
+    agent_match = spec.match.agent
+    if agent_match is not None and agent_match.tools and agent_match.events \
+            and not TOOL_EVENTS & set(agent_match.events):
+        problem(("match", "agent", "tools"), f"a tool list never matches {' or '.join(agent_match.events)} events, "
+                "which have no tool: the policy would judge nothing; add tool_call or tool_result to events, or "
+                "drop tools")
     default = _outcome(spec.default, ("default",), file_spec, problem)
     _check_actions(spec, problem)
     on_error = None

@@ -334,7 +334,7 @@ class AgentMatchSpec(_Strict):
         default_factory=list,
         json_schema_extra={"default": []},
         description="Tool-name globs, e.g. [shell, 'fs_*']; [] = any. A non-empty list never matches events without a "
-        "tool (model input/output).",
+        "tool (model input/output): with only those in events it is a load error.",
     )
 
 

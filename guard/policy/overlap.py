@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from guard._json import is_json_media
-from guard.policy._match import AgentMatcher, HttpMatcher, ResponseMatcher
+from guard.policy._match import TOOL_EVENTS, AgentMatcher, HttpMatcher, ResponseMatcher
 from guard.policy.policy import Policy
 
 __all__ = ["globs_intersect", "overlapping_pairs", "overlaps"]
@@ -24,7 +24,6 @@ _ANY = "**"  # any run of characters
 _RUN = "*"  # any run of characters other than the separator
 _ONE = "?"  # one character other than the separator
 _STARS = (_ANY, _RUN)
-_TOOL_EVENTS = frozenset({"tool_call", "tool_result"})
 
 
 def _tokens(glob: str, separator: str | None) -> tuple[str, ...]:
@@ -160,7 +159,7 @@ def _agent_overlap(a: AgentMatcher, b: AgentMatcher) -> bool:
         return False
     if not a.tool_globs and not b.tool_globs:
         return True
-    if common is not None and not common & _TOOL_EVENTS:
+    if common is not None and not common & TOOL_EVENTS:
         return False  # a tool list never matches events without a tool
     return _lists_meet(a.tool_globs, b.tool_globs, None)
 

@@ -115,6 +115,9 @@ def test_base_policy_loads() -> None:
         ("    version: 1\n", "    version: 1\n    mode: dry-run\n", 4, "policies[0].mode", "'enforce' or 'shadow'"),
         ("      http: {methods: [POST]}\n", "      http: {methods: POST}\n", 5, "policies[0].match.http.methods",
          "valid list"),
+        # a tool list with only events that have no tool: the policy loaded and never judged anything
+        ("      http: {methods: [POST]}\n", "      agent: {events: [model_input], tools: [shell]}\n", 5,
+         "policies[0].match.agent.tools", "never matches model_input events"),
         # a status no response has: the response policy loaded and never judged anything
         ("      http: {methods: [POST]}\n", "      http: {methods: [POST], response: {status: [200, 2000]}}\n", 5,
          "policies[0].match.http.response.status[1]", "less than or equal to 599"),
