@@ -305,6 +305,10 @@ def _compile(
             if (error := _header_name_error(name, f"the header name {name!r}")) is not None:
                 problem(("match", "http", "headers", name), error)
     agent_match = spec.match.agent
+    for name in ("tools", "trusted"):
+        if agent_match is None and getattr(spec, name):
+            problem((name,), f"'{name}' is read for agent tool calls (call.*); this policy matches HTTP requests "
+                    "only, so it would be ignored: drop it, or add match.agent")
     if agent_match is not None and agent_match.tools and agent_match.events \
             and not TOOL_EVENTS & set(agent_match.events):
         problem(("match", "agent", "tools"), f"a tool list never matches {' or '.join(agent_match.events)} events, "

@@ -647,13 +647,13 @@ class PolicySpec(_Strict):
         default_factory=dict,
         json_schema_extra={"default": {}},
         description="Tool name -> its effect and sensitive arguments, read by tool-call rules through call.*; a tool "
-        "not listed has effect unknown.",
+        "not listed has effect unknown. Needs match.agent.",
     )
     trusted: list[str] = Field(
         default_factory=list,
         json_schema_extra={"default": []},
         description="Values from trusted configuration (own accounts, company domains): an argument found here has "
-        "the source trusted.",
+        "the source trusted. Needs match.agent.",
     )
 
 

@@ -115,6 +115,11 @@ def test_base_policy_loads() -> None:
         ("    version: 1\n", "    version: 1\n    mode: dry-run\n", 4, "policies[0].mode", "'enforce' or 'shadow'"),
         ("      http: {methods: [POST]}\n", "      http: {methods: POST}\n", 5, "policies[0].match.http.methods",
          "valid list"),
+        # tool effects and trusted values only agent tool calls read: on an HTTP policy they loaded and did nothing
+        ("    version: 1\n", "    version: 1\n    tools: {shell: {effect: side_effecting}}\n", 4, "policies[0].tools",
+         "matches HTTP requests only"),
+        ("    version: 1\n", "    version: 1\n    trusted: [corp.example]\n", 4, "policies[0].trusted",
+         "matches HTTP requests only"),
         # a tool list with only events that have no tool: the policy loaded and never judged anything
         ("      http: {methods: [POST]}\n", "      agent: {events: [model_input], tools: [shell]}\n", 5,
          "policies[0].match.agent.tools", "never matches model_input events"),
