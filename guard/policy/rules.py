@@ -771,14 +771,16 @@ def _option_literals(masked: str, name: str) -> list[tuple[int, int]]:
     return spans
 
 
-def _option_data(masked: str, name: str) -> list[tuple[int, int]]:
-    """Spans of the ``data`` names (``data.route``, ``data.routes``) a ``when`` compares ``name``'s choice with
-    (``==``, ``!=``, ``in``) or indexes its probabilities by."""
+def _option_data(masked: str, name: str) -> list[tuple[int, int, bool]]:
+    """Spans of the ``data`` names a ``when`` compares ``name``'s choice with (``==``, ``!=``: ``data.route``) or
+    indexes its probabilities by, each with ``False``, and those it looks the choice up in (``in``: ``data.routes``),
+    with ``True``."""
     data, choice = r"(data(?:\s*\.\s*[A-Za-z_]\w*)+)", name + "choice"
-    patterns = (_START + choice + rf"\s*(?:==|!=|\s+in\s)\s*{data}" + _END,
-                _START + data + rf"\s*(?:==|!=)\s*{choice}" + _END,
-                name + rf"probabilities\s*\[\s*{data}\s*\]")
-    return [m.span(1) for pattern in patterns for m in re.finditer(pattern, masked)]
+    patterns = ((_START + choice + rf"\s*(?:==|!=)\s*{data}" + _END, False),
+                (_START + data + rf"\s*(?:==|!=)\s*{choice}" + _END, False),
+                (name + rf"probabilities\s*\[\s*{data}\s*\]", False),
+                (_START + choice + rf"\s+in\s+{data}" + _END, True))
+    return [(*m.span(1), many) for pattern, many in patterns for m in re.finditer(pattern, masked)]
 
 
 _AFFIX_CALLS = ("startsWith", "endsWith", "contains")
@@ -889,11 +891,11 @@ def _padded(dotted: str, end: int) -> int:
 def answer_literal_errors(source: str, questions: Mapping[str, QuestionV1], data: Mapping[str, Any]) -> list[str]:
     """Comparisons in a ``when`` that never hold, or always do, because a literal names what the question's answer
     never is: an option id it does not have (``queue.choice == "biling"``, ``queue.choice in ["tech", "biling"]``,
-    ``queue.probabilities["biling"]``, or one a ``data`` name holds: ``queue.choice in data.routes``), or a bound outside what a probability, confidence or score level can be
-    (``injection.noul > 1.0``, ``injection.noul >= data.block_threshold`` with ``block_threshold: 85`` or
-    ``>= data.thresholds.block`` with ``thresholds: {block: 85}``, ``severity.score >= 7`` with five levels). A
-    question read through ``answers`` (``answers.queue.choice``, ``answers["queue"]``) and a ``data`` name indexed
-    by a quoted name (``data["block_threshold"]``) are read too. A
+    ``queue.probabilities["biling"]``, or one a ``data`` name holds: ``queue.choice in data.routes``), or a bound
+    outside what a probability, confidence or score level can be (``injection.noul > 1.0``, ``injection.noul >=
+    data.block_threshold`` with ``block_threshold: 85`` or ``>= data.thresholds.block`` with ``thresholds: {block:
+    85}``, ``severity.score >= 7`` with five levels). A question read through ``answers`` (``answers.queue.choice``,
+    ``answers["queue"]``) and a ``data`` name indexed by a quoted name (``data["block_threshold"]``) are read too. A
     literal bound that always holds (``x.noul <= 1.0`` closing a band) is redundant, not reported; one from
     ``data`` is. Only a comparison that stands alone is read (``2 * x.noul > 1.5`` is not). ``data``: the file's
     ``data``."""
@@ -908,9 +910,10 @@ def answer_literal_errors(source: str, questions: Mapping[str, QuestionV1], data
             value = source[start + 1 : end - 1]
             if "\\" not in value and value not in options:  # a literal with an escape is not checked
                 out.append(f"{key} has no option {shown_id(value)} (its options: {listed}); check the spelling")
-        for start, end in _option_data(masked, name):
+        for start, end, many in _option_data(masked, name):
             value = data_value(data, [part.strip() for part in masked[start:end].split(".")[1:]])
-            for option in [value] if isinstance(value, str) else value if isinstance(value, list) else []:
+            # a value of the wrong type (a list after ==, a string after in) fails anyway: rule_check says why
+            for option in (value if isinstance(value, list) else []) if many else [value]:
                 if isinstance(option, str) and option not in options:
                     shown = written[start : _padded(source, end)].replace(" ", "")
                     out.append(f"{key} has no option {shown_id(option)} (its options: {listed}), which {shown} "

@@ -423,6 +423,10 @@ policies:
         "queue.choice in data.routes": "queue has no option 'biling' (its options: billing, tech), which data.routes "
                                        "holds",
         "queue.probabilities[data.route] > 0.5": "no option 'biling'",
+        # a data value of the wrong type: its type is the mistake, not an option in it
+        "queue.choice == data.routes": "it compares a string with a list",
+        "queue.choice in data.route": "fails on every request",
+        "queue.probabilities[data.routes] > 0.5": "cannot be used as a map key",
         # a bound the text scan did not read, as a comparison run alone over the field's range finds it
         "injection.noul * 1.0 >= data.block_threshold": "'injection.noul * 1.0 >= data.block_threshold' is always "
                                                         "false (data.block_threshold is 85): injection.noul is a "
