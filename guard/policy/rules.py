@@ -912,12 +912,18 @@ def answer_literal_errors(source: str, questions: Mapping[str, QuestionV1], data
                 out.append(f"{key} has no option {shown_id(value)} (its options: {listed}); check the spelling")
         for start, end, many in _option_data(masked, name):
             value = data_value(data, [part.strip() for part in masked[start:end].split(".")[1:]])
-            # a value of the wrong type (a list after ==, a string after in) fails anyway: rule_check says why
-            for option in (value if isinstance(value, list) else []) if many else [value]:
-                if isinstance(option, str) and option not in options:
-                    shown = written[start : _padded(source, end)].replace(" ", "")
-                    out.append(f"{key} has no option {shown_id(option)} (its options: {listed}), which {shown} "
-                               "holds; check the spelling")
+            # a value of the wrong type (a list after ==, a string after in) fails anyway: rule_check says why;
+            # a list a file's policies share may hold other questions' options, so it is refused only when it holds
+            # none of this one's (the rule never fires)
+            shown = written[start : _padded(source, end)].replace(" ", "")
+            if many and isinstance(value, list):
+                strings = [option for option in value if isinstance(option, str)]
+                if strings and not any(option in options for option in strings):
+                    out.append(f"{key} has none of the options {shown} holds (its options: {listed}); check the "
+                               "spelling")
+            elif not many and isinstance(value, str) and value not in options:
+                out.append(f"{key} has no option {shown_id(value)} (its options: {listed}), which {shown} holds; "
+                           "check the spelling")
         fields = rf"({_BOUNDED[question.type]}|probabilities\s*\[\s*(?:\"\s*\"|'\s*')\s*\])"
         for forward, pattern in ((True, _START + name + fields + rf"\s*{_CMP}\s*{_NUMBER}" + _END),
                                  (False, _START + _NUMBER + rf"\s*{_CMP}\s*" + name + fields + _END)):

@@ -384,7 +384,7 @@ def test_a_comparison_that_can_never_decide_is_a_load_error() -> None:
     concatenation around an operand stay allowed."""
     head = """
 data: {block_threshold: 85, review: 0.6, review_pct: 60, thresholds: {block: 85, review: 0.5}, route: biling,
-       routes: [tech, biling], known: [tech, billing]}
+       routes: [tecch, biling], known: [tech, billing], shared: [tech, security]}
 policies:
   - id: p
     version: 1
@@ -420,8 +420,8 @@ policies:
         "queue.choice == data.route": "queue has no option 'biling' (its options: billing, tech), which data.route "
                                       "holds",
         "data['route'] != answers.queue.choice": "no option 'biling'",
-        "queue.choice in data.routes": "queue has no option 'biling' (its options: billing, tech), which data.routes "
-                                       "holds",
+        "queue.choice in data.routes": "queue has none of the options data.routes holds (its options: billing, "
+                                       "tech)",
         "queue.probabilities[data.route] > 0.5": "no option 'biling'",
         # a data value of the wrong type: its type is the mistake, not an option in it
         "queue.choice == data.routes": "it compares a string with a list",
@@ -443,6 +443,7 @@ policies:
         assert reason in str(err.value) and "rules[0].when" in str(err.value), (when, str(err.value))
     for when in ('injection.noul >= data.review || queue.choice == "bil" + "ling"', "2.0 * injection.noul > 1.5",
                  'queue.choice in ["tech", "billing"] && 0.5 < injection.noul && sev.score >= 4',
+                 "queue.choice in data.shared",  # a list the file's policies share: other questions' options too
                  'injection.probabilities["true"] > 0.2 && queue.confidence < 1.0', "injection.noul == 0.5",
                  "sev.score == 1.5 || sev.score != 0.5",  # a score is the expected level: 1.5 can be
                  "injection.noul >= 0.85 && injection.noul <= 1.0",
