@@ -286,6 +286,9 @@ def run_explain(args: argparse.Namespace) -> int:
         check_device_options(args)
         subject_data = _read_json("--input", args.input)
         answers = _read_json("--answers", args.answers) if args.answers else None
+        if args.answers and not isinstance(answers, dict):  # [] or null would answer nothing, silently
+            raise ValueError(f"--answers {args.answers}: must be a JSON object of question key -> answer spec "
+                             '({"injection": 0.93})')
         factory: Callable[[], Any] | None = (lambda: open_cli_backend(args)) if args.backend else None
         report = asyncio.run(
             explain(args.file, subject_data, answers=answers, backend_factory=factory, timeout_s=timeout_s)

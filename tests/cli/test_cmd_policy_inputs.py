@@ -154,3 +154,19 @@ def test_output_never_overwrites_a_file_it_did_not_write_and_check_suggests_it_o
         main(["policy", command, "--output", str(generated), "--check", str(generated)])
     assert info.value.code == 2
     assert "argument --check: not allowed with argument --output" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("answers", ['["injection"]', "5", "null", "[]", '"injection"'])
+def test_explain_refuses_answers_that_are_not_an_object(
+    answers: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An ``--answers`` file holding a list, a number, a string or null is a usage error naming the file: it was a
+    traceback, a complaint about "keys" that were list items or characters, or (``null``, ``[]``) no answers at all,
+    without the note that the verdict then decides nothing."""
+    subject, spec = tmp_path / "subject.json", tmp_path / "answers.json"
+    subject.write_text(json.dumps(SUBJECT))
+    spec.write_text(answers)
+    argv = ["policy", "explain", str(POLICIES / "api_abuse.yaml"), "--input", str(subject), "--answers", str(spec)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (f"guard policy explain: --answers {spec}: must be a JSON object of question "
+                                       'key -> answer spec ({"injection": 0.93})\n')
