@@ -125,3 +125,31 @@ def test_a_lone_surrogate_in_a_case_name_is_a_load_error_printed_in_text_and_jso
     out = capsys.readouterr().out
     assert "\ud800" not in out
     assert [(e["line"], e["key"]) for e in json.loads(out)["errors"]] == [(2, "cases[0].name")]
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
+@pytest.mark.parametrize("argv", [["test", "--format", "junit"], ["test", "--format", "json"], ["reference"]])
+def test_reports_on_stdout_are_utf_8_whatever_the_locale_encoding(
+    encoding: str, argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A report redirected to a file under a Windows code page, Latin-1 or ASCII was written in that encoding (an
+    XML file declaring UTF-8 holding Latin-1 bytes does not parse) or stopped with a traceback on a character it
+    lacks; JSON, JUnit, the schema and the reference are UTF-8."""
+    import io
+    import json
+    import xml.etree.ElementTree as ET
+
+    (tmp_path / "p.yaml").write_text(POLICY)
+    (tmp_path / "p_test.yaml").write_text("cases:\n  - name: café ≥ 1\n    input: {http: {path: /x/a}}\n"
+                                          "    expect: {action: block}\n", encoding="utf-8")
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding=encoding)
+    monkeypatch.setattr("sys.stdout", stdout)
+    assert main(["policy", *argv, *([str(tmp_path)] if argv[0] == "test" else [])]) == 0
+    stdout.flush()
+    text = stdout.buffer.getvalue().decode("utf-8")
+    if argv[-1] == "junit":
+        assert ET.fromstring(text.encode("utf-8")).find(".//testcase").get("name") == "café ≥ 1"
+    elif argv[-1] == "json":
+        assert json.loads(text)["results"][0]["name"] == "café ≥ 1"
+    else:
+        assert "≥" in text
