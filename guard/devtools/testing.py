@@ -214,8 +214,10 @@ def _parsed(data: Any) -> _Input:
         parsed = _Input.model_validate(data)
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"input.{where}: {first['msg']}") from None
+        where = "".join(f".{p}" for p in first["loc"])
+        # pydantic names its model ("a valid dictionary or instance of _HttpInput"), which no input file mentions
+        message = "must be an object" if first["type"] == "model_type" else first["msg"]
+        raise ValueError(f"input{where}: {message}") from None
     if (parsed.http is None) == (parsed.agent is None):
         raise ValueError("input needs exactly one of 'http' or 'agent'")
     return parsed
