@@ -65,12 +65,14 @@ def _read(file: str) -> bytes:
 
     Raises:
         OSError: it cannot be read.
-        FileRefused: it is a folder or holds more than :data:`MAX_REQUEST_BYTES`.
+        FileRefused: it is a folder, stdin is closed, or it holds more than :data:`MAX_REQUEST_BYTES`.
     """
     from guard._readfile import FileRefused, read_capped
 
     if file != "-":
         return read_capped(file, MAX_REQUEST_BYTES, streams=True)
+    if sys.stdin is None:  # the process was started with stdin closed (``<&-``)
+        raise FileRefused("it is closed; give the request as FILE")
     data = sys.stdin.buffer.read(MAX_REQUEST_BYTES + 1)
     if len(data) > MAX_REQUEST_BYTES:
         raise FileRefused(f"it holds more than {MAX_REQUEST_BYTES} bytes; at most {MAX_REQUEST_BYTES}")

@@ -143,6 +143,15 @@ def test_empty_stdin_says_so_once(stdin: bytes, golden_checkpoint: Path, capsys,
     assert err == "guard decide: stdin is empty: expected one System One request (a JSON object)\n"
 
 
+def test_a_closed_stdin_says_so(golden_checkpoint: Path, capsys, monkeypatch) -> None:
+    """Started with stdin closed (``guard decide --model DIR <&-``), Python has no ``sys.stdin``: that was a
+    traceback."""
+    monkeypatch.setattr(sys, "stdin", None)
+    code, body, err = _decide(["--model", str(golden_checkpoint)], capsys)
+    assert (code, body) == (2, None)
+    assert err == "guard decide: cannot read stdin: it is closed; give the request as FILE\n"
+
+
 def test_an_empty_file_is_named(golden_checkpoint: Path, tmp_path: Path, capsys) -> None:
     path = tmp_path / "empty.json"
     path.write_bytes(b"")
