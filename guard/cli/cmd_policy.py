@@ -521,8 +521,8 @@ def _write_utf8(text: str) -> None:
     encoding (a Windows code page when stdout is a file, ASCII, Latin-1): JSON is read as UTF-8 and the XML says it is
     UTF-8, so another encoding's bytes would not parse, and a character that encoding lacks stopped the output."""
     buffer = getattr(sys.stdout, "buffer", None)
-    if buffer is None:  # a text-only stream (a StringIO put in its place) takes the text as it is
-        sys.stdout.write(text)
+    if buffer is None:  # a text-only stream (a StringIO put in its place) takes the text; no stdout (>&-) nothing
+        print(text, end="")
         return
     sys.stdout.flush()  # what was printed before comes first
     buffer.write(text.encode("utf-8"))

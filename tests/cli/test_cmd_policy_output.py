@@ -153,3 +153,17 @@ def test_reports_on_stdout_are_utf_8_whatever_the_locale_encoding(
         assert json.loads(text)["results"][0]["name"] == "café ≥ 1"
     else:
         assert "≥" in text
+
+
+@pytest.mark.parametrize("argv", [["test", "--format", "junit"], ["test", "--format", "json"], ["reference"],
+                                  ["schema"]])
+def test_reports_with_stdout_closed_are_no_traceback(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started with stdout closed (``>&-``), Python has no ``sys.stdout``: the schema and the reference stopped with
+    a traceback; like the text output, nothing is written and the exit status is the command's."""
+    (tmp_path / "p.yaml").write_text(POLICY)
+    (tmp_path / "p_test.yaml").write_text("cases:\n  - name: a\n    input: {http: {path: /x/a}}\n"
+                                          "    expect: {action: block}\n")
+    monkeypatch.setattr("sys.stdout", None)
+    assert main(["policy", *argv, *([str(tmp_path)] if argv[0] == "test" else [])]) == 0
