@@ -300,7 +300,8 @@ def run_explain(args: argparse.Namespace) -> int:
     except (OSError, ValueError, GuardError, ImportError) as exc:
         print(f"guard policy explain: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if answers is None and factory is None and any(part["questions"] for part in report["matched"]):
+    if answers is None and factory is None and any(part["questions"] and not part.get("refused_state")
+                                                   for part in report["matched"]):
         print(UNIFORM_NOTE, file=sys.stderr)  # the answers were made up: only the rules' reading is shown
     if args.json:
         _write_utf8(_json_text(report, default=repr) + "\n")
@@ -318,7 +319,10 @@ def _print_report(report: dict[str, Any]) -> None:
     p = report["policy"]
     v = report["verdict"]
     _say(f"policy     {policy_label(p['id'], p['version'], p['digest'])} ({p['file']}:{p['line']}, mode {p['mode']})")
-    _say(f"state      {json.dumps(report['state'], ensure_ascii=False)}")
+    if report.get("refused_state"):  # the policy does not judge this subject: no model call, no rules
+        _say(f"state      refused: {report['refused_state']}")
+    else:
+        _say(f"state      {json.dumps(report['state'], ensure_ascii=False)}")
     if report["rule_state"] != report["state"]:
         _say(f"rules read {json.dumps(report['rule_state'], ensure_ascii=False)}  (the state as received)")
     if report["flags"]:
@@ -330,7 +334,10 @@ def _print_report(report: dict[str, Any]) -> None:
     if report["error"]:
         _say(f"FAILED     {report['error']}")
         _say(f"           fail mode {v['fail_mode']} decided: {v['action']} (status {v.get('status')})")
-    if report["error"] and not report["rules"]:
+    if report.get("refused_state"):
+        _say("answers    none: the state was refused before the model was asked")
+        _say("rules      not evaluated: the policy does not judge this subject")
+    elif report["error"] and not report["rules"]:
         _say("answers    none: the decision failed before the backend answered")
         _say("rules      not evaluated: there are no answers to run them on")
     else:

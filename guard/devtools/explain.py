@@ -128,13 +128,14 @@ async def _policy_report(
     features, traced rules and own verdict. When a rule failed (``rule_error``), the backend had answered: its
     answers are asked for again so the report shows them and every rule's value or error. A state the policy will
     not judge (too long, a value sent twice) has no state, questions' answers or rules: only its block."""
+    questions = [{"key": q.key, **q.wire.to_json(), "id": q.wire.id} for q in policy.questions]
     try:
         raw = policy.render_state(subject)
         normalized = policy.prepare_state(raw, subject)
     except (StateTooLong, StateAmbiguous) as exc:
         return {"policy": _policy_identity(policy), "state": None, "rule_state": None, "flags": {},
-                "refused_state": str(exc), "questions": [], "cache_key": None, "backend": None, "revision": None,
-                "answers": {}, "features": {}, "rules": [], "own_verdict": _own_verdict(verdict)}
+                "refused_state": str(exc), "questions": questions, "cache_key": None, "backend": None,
+                "revision": None, "answers": {}, "features": {}, "rules": [], "own_verdict": _own_verdict(verdict)}
     request = policy.build_request(normalized.value)
     named = dict(verdict.answers)  # keyed by question key
     rule_error = verdict.error is not None and verdict.error.startswith("rule_error")
@@ -159,7 +160,7 @@ async def _policy_report(
         "state": normalized.value,
         "rule_state": raw,
         "flags": normalized.flags,
-        "questions": [{"key": q.key, **q.wire.to_json(), "id": q.wire.id} for q in policy.questions],
+        "questions": questions,
         "cache_key": cache_key(request, backend=backend.name, revision=backend.model_revision) if policy.questions
         else None,
         "backend": backend.name if policy.questions else None,

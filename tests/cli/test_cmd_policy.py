@@ -479,6 +479,32 @@ policies:
     assert "query parameter 'user' is sent more than once" in report["matched"][0]["refused_state"]
 
 
+def test_explain_text_says_why_a_refused_state_has_no_answers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The text report of a state the policy refuses said ``state null``, printed empty answers and rules, and that
+    a policy asking a question "asks no question, so it calls no backend"; the JSON report had no questions."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text("""
+policies:
+  - id: users
+    version: 1
+    match: {http: {}}
+    state: {user: "query:user"}
+    questions: {bad: {type: noul, instructions: 'Is the user bad?'}}
+    rules: [{id: banned, when: 'bad.noul > 0.5', action: block}]
+""")
+    subject = _subject(tmp_path, {"http": {"method": "GET", "path": "/x", "query": {"user": ["a", "mallory"]}}})
+    assert main(["policy", "explain", str(policy), "--input", subject]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[1] == ("state      refused: the query parameter 'user' is sent more than once; this policy reads it "
+                        "as one value")
+    assert lines[2:4] == ["answers    none: the state was refused before the model was asked",
+                          "rules      not evaluated: the policy does not judge this subject"]
+    assert "asks no question" not in out and "uniform probabilities" not in err  # no model is asked
+    assert main(["policy", "explain", str(policy), "--input", subject, "--json"]) == 0
+    assert [q["key"] for q in json.loads(capsys.readouterr().out)["questions"]] == ["bad"]
+
+
 def test_explain_shows_the_answers_and_every_rule_when_a_rule_fails(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
