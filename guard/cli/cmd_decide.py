@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from guard.backends.options import add_device_options, device, torch_dtype
+from guard.cli._output import write_utf8
 from guard.errors import GuardError, InvalidJson, RequestValidationError
 
 __all__ = ["register", "run"]
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
               f"{dropped} state tokens were not read (usage.state_tokens_dropped)", file=sys.stderr)
     if args.raw:
         body_out["raw"] = _raw(record, logits)
-    sys.stdout.write(json.dumps(body_out, ensure_ascii=False) + "\n")
+    write_utf8(json.dumps(body_out, ensure_ascii=False) + "\n")
     return 0
 
 

@@ -39,6 +39,7 @@ from typing import Any, TextIO
 from guard._readable import INVISIBLE
 from guard.backends.options import add_backend_options, backend_factory, check_device_options, open_cli_backend
 from guard.cli._args import positive_milliseconds
+from guard.cli._output import write_utf8
 from guard.errors import GuardError, PolicyError
 
 __all__ = ["reference_markdown", "register", "schema_json"]
@@ -304,7 +305,7 @@ def run_explain(args: argparse.Namespace) -> int:
                                                    for part in report["matched"]):
         print(UNIFORM_NOTE, file=sys.stderr)  # the answers were made up: only the rules' reading is shown
     if args.json:
-        _write_utf8(_json_text(report, default=repr) + "\n")
+        write_utf8(_json_text(report, default=repr) + "\n")
     else:
         _print_report(report)
     return EXIT_FAILED if report["error"] else 0
@@ -456,9 +457,9 @@ def run_test(args: argparse.Namespace) -> int:
               f"<name>_test.yaml (or .yml) beside each of the {len(files)} policy file(s) in {' '.join(args.files)}",
               file=sys.stderr)
     if args.format == "json":
-        _write_utf8(_json_text(_json_report(suites, uncovered, errors)) + "\n")
+        write_utf8(_json_text(_json_report(suites, uncovered, errors)) + "\n")
     elif args.format == "junit":
-        _write_utf8(_junit_report(suites, errors) + "\n")
+        write_utf8(_junit_report(suites, errors) + "\n")
     else:
         for line in uncovered:
             _say(f"not covered {line}")
@@ -521,19 +522,6 @@ def _word_part(char: str, categories: str) -> bool:
     ``categories`` (``L`` letters, ``M`` marks, ``S`` symbols such as emoji)."""
     return (len(char) == 1 and char > "\x7f" and not INVISIBLE.fullmatch(char)
             and unicodedata.category(char)[0] in categories)
-
-
-def _write_utf8(text: str) -> None:
-    """Write ``text`` (a JSON or JUnit report, the schema or the reference) to stdout as UTF-8, whatever the locale's
-    encoding (a Windows code page when stdout is a file, ASCII, Latin-1): JSON is read as UTF-8 and the XML says it is
-    UTF-8, so another encoding's bytes would not parse, and a character that encoding lacks stopped the output."""
-    buffer = getattr(sys.stdout, "buffer", None)
-    if buffer is None:  # a text-only stream (a StringIO put in its place) takes the text; no stdout (>&-) nothing
-        print(text, end="")
-        return
-    sys.stdout.flush()  # what was printed before comes first
-    buffer.write(text.encode("utf-8"))
-    buffer.flush()
 
 
 def _json_text(value: Any, **options: Any) -> str:
@@ -686,5 +674,5 @@ def _emit(text: str, args: argparse.Namespace, command: str) -> int:
             print(f"guard policy {command}: --output {args.output}: {exc.strerror or exc}", file=sys.stderr)
             return EXIT_USAGE
         return 0
-    _write_utf8(text)
+    write_utf8(text)
     return 0

@@ -152,6 +152,22 @@ def test_a_closed_stdin_says_so(golden_checkpoint: Path, capsys, monkeypatch) ->
     assert err == "guard decide: cannot read stdin: it is closed; give the request as FILE\n"
 
 
+@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
+def test_the_response_is_utf_8_whatever_the_locale_encoding(
+    encoding: str, golden_checkpoint: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """An option id outside ASCII was written in the locale's encoding (Latin-1 bytes JSON readers refuse) or
+    stopped the output with a traceback (ASCII, a Windows code page lacking the character)."""
+    request = {"model": "clef-flash", "state": "une tasse",
+               "questions": {"q": {"type": "choice", "instructions": "Which?", "criteria": {"café": None, "thé": None}}}}
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding=encoding)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert main(["decide", "--model", str(golden_checkpoint), _write(tmp_path, request)]) == 0
+    stdout.flush()
+    response = json.loads(stdout.buffer.getvalue().decode("utf-8"))
+    assert response["answers"]["q"]["choice"] in ("café", "thé")
+
+
 def test_an_empty_file_is_named(golden_checkpoint: Path, tmp_path: Path, capsys) -> None:
     path = tmp_path / "empty.json"
     path.write_bytes(b"")
