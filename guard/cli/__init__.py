@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import io
 import os
 import pkgutil
 import sys
@@ -49,7 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit status (130 when interrupted with Ctrl-C, 2 for an ``OTEL_PROPAGATORS``
-    naming a propagator that is not installed)."""
+    naming a propagator that is not installed). A character of text output that the locale's encoding lacks (ASCII, a
+    Windows code page when stdout is a file) is written escaped (``\\xe9``), as on stderr, not a traceback."""
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="backslashreplace")
     try:  # OpenTelemetry reads OTEL_PROPAGATORS on this first import (the commands' modules import it) and raises
         from opentelemetry import propagate  # noqa: F401
     except ValueError as exc:

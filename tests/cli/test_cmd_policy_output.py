@@ -167,3 +167,28 @@ def test_reports_with_stdout_closed_are_no_traceback(
                                           "    expect: {action: block}\n")
     monkeypatch.setattr("sys.stdout", None)
     assert main(["policy", *argv, *([str(tmp_path)] if argv[0] == "test" else [])]) == 0
+
+
+@pytest.mark.parametrize("argv", [["test", "-v"], ["check"], ["explain"]])
+def test_text_reports_escape_what_the_locale_encoding_lacks(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A case name, a file name or a state value outside the locale's encoding (ASCII, a Windows code page when
+    stdout is a file) stopped the text report with a traceback; like stderr, stdout writes it escaped."""
+    import io
+    import json
+
+    folder = tmp_path / "café"
+    folder.mkdir()
+    (folder / "p.yaml").write_text(POLICY)
+    (folder / "p_test.yaml").write_text("cases:\n  - name: café ≥ 1\n    input: {http: {path: /x/a}}\n"
+                                        "    expect: {action: block}\n", encoding="utf-8")
+    (tmp_path / "in.json").write_text(json.dumps({"http": {"path": "/x/Привет"}}))
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr("sys.stdout", stdout)
+    where = [str(folder / "p.yaml"), "--input", str(tmp_path / "in.json")] if argv == ["explain"] else [str(folder)]
+    assert main(["policy", *argv, *where]) == 0
+    stdout.flush()
+    out = stdout.buffer.getvalue().decode("ascii")
+    assert {"test": "PASS", "check": "ok", "explain": "verdict    block"}[argv[0]] in out
+    assert "caf\\xe9" in out
