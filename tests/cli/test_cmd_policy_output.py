@@ -192,3 +192,18 @@ def test_text_reports_escape_what_the_locale_encoding_lacks(
     out = stdout.buffer.getvalue().decode("ascii")
     assert {"test": "PASS", "check": "ok", "explain": "verdict    block"}[argv[0]] in out
     assert "caf\\xe9" in out
+
+
+def test_explain_json_is_utf_8_whatever_the_locale_encoding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file name outside ASCII stopped ``explain --json`` with a traceback under ASCII (or was Latin-1 bytes)."""
+    import io
+    import json
+
+    (tmp_path / "café.yaml").write_text(POLICY)
+    (tmp_path / "in.json").write_text(json.dumps({"http": {"path": "/x/a"}}))
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr("sys.stdout", stdout)
+    assert main(["policy", "explain", str(tmp_path / "café.yaml"), "--input", str(tmp_path / "in.json"), "--json"]) == 0
+    stdout.flush()
+    report = json.loads(stdout.buffer.getvalue().decode("utf-8"))
+    assert report["policy"]["file"] == str(tmp_path / "café.yaml")
