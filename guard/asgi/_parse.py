@@ -223,10 +223,20 @@ def parse_body(body: bytes, content_type: str, limits: BodyLimits) -> tuple[Any,
     return value, "\n".join(judged_strings(value))
 
 
-def encode_body(value: Any, content_type: str) -> bytes:
+def _was_json(sent: bytes) -> bool:
+    """Whether ``sent``, an untyped body :func:`_untyped` read, was JSON (rather than text)."""
+    try:
+        loads(sent, duplicate_keys="collect")
+    except InvalidJson:
+        return False
+    return True
+
+
+def encode_body(value: Any, content_type: str, sent: bytes) -> bytes:
     """The body :func:`parse_body` read as ``value``, written again after a ``redact`` verdict changed it: compact
-    JSON (UTF-8; a key the body repeated is repeated again, each value redacted on its own), a urlencoded form, or
-    UTF-8 text.
+    JSON (UTF-8; a key the body repeated is repeated again, each value redacted on its own; a document that is one
+    string stays a JSON string), a urlencoded form, or UTF-8 text. ``sent``: the body as parsed, which says whether an
+    untyped one whose value is a string was a JSON string or text.
 
     Raises:
         BodyError: 422 ``redact_unsupported`` for a multipart body (guard does not rewrite its parts).
@@ -235,23 +245,24 @@ def encode_body(value: Any, content_type: str) -> bytes:
     if media == "multipart/form-data":
         raise BodyError(422, "redact_unsupported", "a multipart body cannot be redacted; send JSON, a form or text",
                         field="content-type")
-    if isinstance(value, str):
+    if isinstance(value, str) and not (is_json_media(media) or (not media and _was_json(sent))):
         return value.encode("utf-8")
     if media == "application/x-www-form-urlencoded":
         return urlencode([(k, v) for k, values in value.items() for v in values]).encode("ascii")
     return dumps(value).encode("utf-8")
 
 
-def redacted_request(scope: Scope, value: Any, redactions: Sequence[Redaction]) -> tuple[bytes, Scope]:
-    """The body the application gets once ``redactions`` are masked in ``value`` (the parsed body), and ``scope``
-    with its new ``Content-Length`` (the body is re-encoded from the parsed value, so ``Content-Encoding`` goes).
+def redacted_request(scope: Scope, value: Any, redactions: Sequence[Redaction], sent: bytes) -> tuple[bytes, Scope]:
+    """The body the application gets once ``redactions`` are masked in ``value`` (the parsed body of ``sent``, the
+    body as received), and ``scope`` with its new ``Content-Length`` (the body is re-encoded from the parsed value,
+    so ``Content-Encoding`` goes; :func:`encode_body`).
 
     Raises:
         BodyError: 422 ``redact_unsupported`` for a multipart body.
         ValueError: a redaction does not fit ``value`` (:func:`~guard.policy.redact.apply_redactions`).
     """
     content_type = next((v.decode("latin-1") for k, v in scope["headers"] if k.lower() == b"content-type"), "")
-    body = encode_body(apply_redactions(value, tuple(redactions)), content_type)
+    body = encode_body(apply_redactions(value, tuple(redactions)), content_type, sent)
     drop = (b"content-length", b"content-encoding")
     headers = [(k, v) for k, v in scope["headers"] if k.lower() not in drop]
     headers.append((b"content-length", str(len(body)).encode()))

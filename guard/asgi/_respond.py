@@ -416,7 +416,8 @@ class ResponseJudge:
         start_headers = list(self.start.get("headers", []))
         if verdict.action == "redact" and verdict.redactions:
             try:
-                body = encode_body(apply_redactions(value, verdict.redactions), headers.get("content-type", ""))
+                body = encode_body(apply_redactions(value, verdict.redactions), headers.get("content-type", ""),
+                                   decoded)
             except BodyError as exc:
                 await self._refuse(BodyError(502, exc.code, exc.reason, field=exc.field))
                 return

@@ -297,7 +297,7 @@ async def release_on_resend(
             return
         if held.get("redactions"):
             try:
-                body, scope = redacted_request(scope, value, [Redaction(**r) for r in held["redactions"]])
+                body, scope = redacted_request(scope, value, [Redaction(**r) for r in held["redactions"]], body)
             except (BodyError, ValueError):  # the spans do not fit this body: not the content reviewed
                 held = {}
         digest = _scope_digest(mw, scope, body, held.get("bound", {}), _presented_token(scope)) if held else ""

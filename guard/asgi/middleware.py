@@ -588,9 +588,9 @@ class GuardMiddleware:
             # what goes on (to the app, to reviewers and on release, to a handoff target) is the masked request
             try:
                 if large:
-                    body, scope = await asyncio.to_thread(redacted_request, scope, value, verdict.redactions)
+                    body, scope = await asyncio.to_thread(redacted_request, scope, value, verdict.redactions, body)
                 else:
-                    body, scope = redacted_request(scope, value, verdict.redactions)
+                    body, scope = redacted_request(scope, value, verdict.redactions, body)
                 if verdict.action != "redact":
                     subject = with_body(head, query, *await self._parsed(body, headers), body)
             except BodyError as exc:  # named for the policy whose redaction cannot be applied

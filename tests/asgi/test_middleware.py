@@ -898,3 +898,35 @@ policies:
     assert benign.status_code == 200 and "x-guard-decision-id" in benign.headers
     assert ran == [("HEAD", "weather")]
     await guard.aclose()
+
+
+CARDS = """
+policies:
+  - id: cards
+    version: "1"
+    match: {http: {methods: [POST]}}
+    rules: [{id: card, when: "true", action: redact, redact: {patterns: {card: '4[0-9]{15}'}}}]
+"""
+
+
+@pytest.mark.parametrize(("content_type", "sent", "received"), [
+    ("application/json", b'"card 4111111111111111"', b'"card [REDACTED:card]"'),
+    ("application/problem+json", b' "card \\u0034111111111111111" ', b'"card [REDACTED:card]"'),
+    (None, b'"card 4111111111111111"', b'"card [REDACTED:card]"'),
+    (None, b'card 4111111111111111', b'card [REDACTED:card]'),
+    ("text/plain", b'"card 4111111111111111"', b'"card [REDACTED:card]"'),
+])
+async def test_a_redacted_body_that_is_one_json_string_reaches_the_app_as_a_json_string(
+    content_type: str | None, sent: bytes, received: bytes
+) -> None:
+    """A JSON body that is one string, masked, was passed on as its bare text (``card [REDACTED:card]``, which the
+    application's JSON parser refuses); it stays a JSON string, and a text body stays text."""
+    async def body(request: Request) -> Response:
+        return Response(await request.body())
+
+    headers = {"content-type": content_type} if content_type else {}
+    async with Guard(load_text(CARDS), backends=ScriptedBackend()) as guard:
+        app = guarded_app(guard, [Route("/v1/body", body, methods=["POST"])])
+        async with client_for(app) as client:
+            response = await client.post("/v1/body", content=sent, headers=headers)
+    assert response.status_code == 200 and response.content == received

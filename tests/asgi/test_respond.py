@@ -554,6 +554,40 @@ async def test_a_repeated_key_is_redacted_value_by_value_and_stays_a_repeated_ke
     await guard.aclose()
 
 
+RESPONSE_CARDS = r"""
+policies:
+  - id: cards
+    version: 1
+    match: {http: {paths: ["/out/**"], response: {}}}
+    rules:
+      - {id: card, when: "true", action: redact, redact: {patterns: {card: '4[0-9]{15}'}}}
+"""
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("media", "sent", "received"), [
+    ("application/json", b'"card 4111111111111111"', b'"card [REDACTED:card]"'),
+    (None, b'"card 4111111111111111"', b'"card [REDACTED:card]"'),
+    ("text/plain", b'"card 4111111111111111"', b'"card [REDACTED:card]"'),
+])
+async def test_a_redacted_response_that_is_one_json_string_stays_a_json_string(
+    media: str | None, sent: bytes, received: bytes
+) -> None:
+    """A JSON response that is one string, masked, was sent as its bare text, which the client's JSON parser
+    refuses."""
+    async def answer(request: Request) -> Response:
+        response = Response(sent, media_type=media)
+        if media is None:
+            del response.headers["content-type"]
+        return response
+
+    guard, app = rules_only(RESPONSE_CARDS, [Route("/out/x", answer)])
+    async with client_for(app) as client:
+        response = await client.get("/out/x")
+    assert response.status_code == 200 and response.content == received
+    await guard.aclose()
+
+
 OVERLAP_POLICY = r"""
 policies:
   - id: keys
