@@ -254,7 +254,7 @@ def encode_body(value: Any, content_type: str, sent: bytes) -> bytes:
 
 def redacted_request(scope: Scope, value: Any, redactions: Sequence[Redaction], sent: bytes) -> tuple[bytes, Scope]:
     """The body the application gets once ``redactions`` are masked in ``value`` (the parsed body of ``sent``, the
-    body as received), and ``scope`` with its new ``Content-Length`` (the body is re-encoded from the parsed value,
+    body as received with its ``Content-Encoding`` undone), and ``scope`` with its new ``Content-Length`` (the body is re-encoded from the parsed value,
     so ``Content-Encoding`` goes; :func:`encode_body`).
 
     Raises:

@@ -285,9 +285,11 @@ def _released_headers(item: ReviewItem) -> HeaderList:
 
 
 async def release_on_resend(
-    mw: ReviewHost, scope: Scope, receive: Receive, send: Send, review_id: str, body: bytes, value: Any
+    mw: ReviewHost, scope: Scope, receive: Receive, send: Send, review_id: str, body: bytes, decoded: bytes,
+    value: Any,
 ) -> None:
-    """The client resent an approved request with ``x-guard-review-id`` (``body`` as received, ``value`` as parsed):
+    """The client resent an approved request with ``x-guard-review-id`` (``body`` as received, ``decoded`` with its
+    ``Content-Encoding`` undone, ``value`` as parsed):
     release it once if the content, what the policy read, the release token and the credentials match. An item held
     masked (another policy's ``redact`` beside the escalation) is compared, and released, masked the same way."""
     try:
@@ -297,7 +299,8 @@ async def release_on_resend(
             return
         if held.get("redactions"):
             try:
-                body, scope = redacted_request(scope, value, [Redaction(**r) for r in held["redactions"]], body)
+                body, scope = redacted_request(scope, value, [Redaction(**r) for r in held["redactions"]],
+                                               decoded)
             except (BodyError, ValueError):  # the spans do not fit this body: not the content reviewed
                 held = {}
         digest = _scope_digest(mw, scope, body, held.get("bound", {}), _presented_token(scope)) if held else ""

@@ -172,13 +172,13 @@ def _off_loop(body: bytes, *, encoded: bool) -> bool:
 
 
 def _decoded_and_parsed(body: bytes, codings: list[str] | None, content_type: str,
-                        limits: BodyLimits) -> tuple[Any, str]:
-    """:func:`parse_body` of ``body`` once its ``codings`` are undone (run on a thread for large bodies); an encoded
-    ``body`` that reads as text as sent is refused first (:func:`check_unread_as_sent`)."""
-    if not codings:
-        return parse_body(body, content_type, limits)
-    check_unread_as_sent(body, codings)
-    return parse_body(decode_content(body, codings, limits.max_decoded_bytes), content_type, limits)
+                        limits: BodyLimits) -> tuple[bytes, Any, str]:
+    """``body`` once its ``codings`` are undone and its :func:`parse_body` (run on a thread for large bodies); an
+    encoded ``body`` that reads as text as sent is refused first (:func:`check_unread_as_sent`)."""
+    if codings:
+        check_unread_as_sent(body, codings)
+        body = decode_content(body, codings, limits.max_decoded_bytes)
+    return body, *parse_body(body, content_type, limits)
 
 
 
@@ -545,7 +545,7 @@ class GuardMiddleware:
             read = await self._read_body(recorded or receive, headers, body_since)
             if read is None:
                 return
-            body, value, text = read
+            body, decoded, value, text = read
             method = (await self._read_body_method(body, headers, head.method)
                       if body_override and ("content-encoding" in headers or may_name_method(body)) else None)
             query = query_map(scope, limits.max_form_fields) if scope.get("query_string") else {}
@@ -573,7 +573,7 @@ class GuardMiddleware:
         subject = with_body(head, query, value, text, body)
         review_id = headers.get(REVIEW_HEADER)
         if review_id:
-            await release_on_resend(self, scope, receive, send, review_id.strip(), body, value)
+            await release_on_resend(self, scope, receive, send, review_id.strip(), body, decoded, value)
             return
         # matched on the head already; with cache_per_tenant, each tenant's decisions are cached apart
         verdict = await self.guard.aevaluate(subject, policies=matched, views=policy_subjects(subject, views),
@@ -588,9 +588,9 @@ class GuardMiddleware:
             # what goes on (to the app, to reviewers and on release, to a handoff target) is the masked request
             try:
                 if large:
-                    body, scope = await asyncio.to_thread(redacted_request, scope, value, verdict.redactions, body)
+                    body, scope = await asyncio.to_thread(redacted_request, scope, value, verdict.redactions, decoded)
                 else:
-                    body, scope = redacted_request(scope, value, verdict.redactions, body)
+                    body, scope = redacted_request(scope, value, verdict.redactions, decoded)
                 if verdict.action != "redact":
                     subject = with_body(head, query, *await self._parsed(body, headers), body)
             except BodyError as exc:  # named for the policy whose redaction cannot be applied
@@ -625,10 +625,10 @@ class GuardMiddleware:
             self.metrics.count_handoff(outcomes[0] if outcomes else "blocked")  # none: a response policy cut it
 
     async def _read_body(self, receive: Receive, headers: dict[str, str],
-                         since: float | None = None) -> tuple[bytes, Any, str] | None:
-        """The request body as received, its parsed value and its judged text (:func:`parse_body`); ``None`` when the
-        client left first (counted). ``since``: the ``time.monotonic()`` from which ``body_timeout_s`` counts, when
-        reading began earlier; default now.
+                         since: float | None = None) -> tuple[bytes, bytes, Any, str] | None:
+        """The request body as received, decoded (its ``Content-Encoding`` undone), its parsed value and its judged
+        text (:func:`parse_body`); ``None`` when the client left first (counted). ``since``: the
+        ``time.monotonic()`` from which ``body_timeout_s`` counts, when reading began earlier; default now.
 
         Raises:
             BodyError: the body is too large, too slow, badly encoded or cannot be parsed.
@@ -649,10 +649,8 @@ class GuardMiddleware:
                             "uncompressed", field="content-encoding")
         content_type = headers.get("content-type", "")
         if _off_loop(body, encoded=bool(codings)):
-            value, text = await asyncio.to_thread(_decoded_and_parsed, body, codings, content_type, limits)
-        else:
-            value, text = parse_body(body, content_type, limits)
-        return body, value, text
+            return body, *await asyncio.to_thread(_decoded_and_parsed, body, codings, content_type, limits)
+        return body, body, *parse_body(body, content_type, limits)
 
     async def _parsed(self, body: bytes, headers: dict[str, str]) -> tuple[Any, str]:
         """:func:`parse_body` of ``body`` (not encoded) by ``headers``' ``Content-Type``, on a thread past

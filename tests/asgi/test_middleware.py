@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 import socket
 import struct
@@ -929,4 +930,23 @@ async def test_a_redacted_body_that_is_one_json_string_reaches_the_app_as_a_json
         app = guarded_app(guard, [Route("/v1/body", body, methods=["POST"])])
         async with client_for(app) as client:
             response = await client.post("/v1/body", content=sent, headers=headers)
+    assert response.status_code == 200 and response.content == received
+
+
+@pytest.mark.parametrize(("sent", "received"), [
+    (b'"card 4111111111111111"', b'"card [REDACTED:card]"'),
+    (b'card 4111111111111111', b'card [REDACTED:card]'),
+])
+async def test_a_redacted_untyped_gzip_body_that_is_one_json_string_reaches_the_app_as_a_json_string(
+    sent: bytes, received: bytes
+) -> None:
+    """An untyped body sent gzip-encoded was told JSON or text by its bytes as received, which are neither: a JSON
+    string, masked, reached the application as its bare text. It is told by the body decoded."""
+    async def body(request: Request) -> Response:
+        return Response(await request.body())
+
+    async with Guard(load_text(CARDS), backends=ScriptedBackend()) as guard:
+        app = guarded_app(guard, [Route("/v1/body", body, methods=["POST"])])
+        async with client_for(app) as client:
+            response = await client.post("/v1/body", content=gzip.compress(sent), headers={"content-encoding": "gzip"})
     assert response.status_code == 200 and response.content == received
