@@ -73,7 +73,7 @@ import math
 import re
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
@@ -114,7 +114,7 @@ class Reviewer:
         tenants: the tenants whose items it may see and decide; ``None`` = every item.
     """
 
-    token: str
+    token: str = field(repr=False)
     tenants: frozenset[str] | None = None
 
 
@@ -186,12 +186,12 @@ def parse_reviewer_tokens(text: str) -> dict[str, Reviewer]:
             token shorter than :data:`MIN_TOKEN_CHARS`.
     """
     out: dict[str, Reviewer] = {}
-    for entry in (e.strip() for e in text.split(",")):
+    for number, entry in enumerate((e.strip() for e in text.split(",")), 1):
         name, sep, rest = entry.partition(":")
         if not entry:
             continue
-        if not sep or not name.strip():
-            raise ValueError(f"reviewer token entry {entry[:12]!r}...: expected name:token")
+        if not sep or not name.strip():  # named by position: the entry may be a bare token
+            raise ValueError(f"reviewer token entry {number}: expected name:token")
         if name.strip() in out:
             raise ValueError(f"reviewer {name.strip()!r} is listed twice")
         token, scoped, tenants = rest.partition(":")

@@ -61,6 +61,15 @@ def test_no_tokens_no_review_api() -> None:
             parse_reviewer_tokens(bad)
 
 
+def test_a_token_is_never_shown_in_an_error_or_a_repr() -> None:
+    token = "s3cret-token-0123456789"
+    for text in (token, ":" + token, "alice:" + "a" * 16 + "," + token):
+        with pytest.raises(ValueError, match="expected name:token") as raised:
+            parse_reviewer_tokens(text)
+        assert token[:4] not in str(raised.value)
+    assert token not in repr(Reviewer(token, frozenset({"acme"})))
+
+
 async def test_reviewer_identity_comes_from_the_token(make_guard: GuardFactory, store: ReviewStore) -> None:
     async with client_for(_app(make_guard(), store, reviewers=REVIEWERS)) as client:
         held = (await client.post("/v1/echo", content=UNSURE, headers=CLIENT)).json()
