@@ -35,11 +35,16 @@ class Sealer:
         source: what the error for a short key calls it (``$GUARD_STORE_KEY`` when it came from there).
 
     Raises:
-        ValueError: a shorter key.
+        ValueError: a shorter key, or a ``str`` that is not text (bytes that are not UTF-8, as the environment hands
+            them over).
     """
 
     def __init__(self, key: bytes | str, *, source: str = "the store key") -> None:
-        raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+        try:
+            raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+        except UnicodeEncodeError:
+            raise ValueError(f"{source} is not UTF-8 text (raw random bytes?); use text, e.g. openssl rand -hex "
+                             "32") from None
         if len(raw) < MIN_KEY_BYTES:
             raise ValueError(f"{source} has {len(raw)} bytes; at least {MIN_KEY_BYTES}")
         self._key = raw

@@ -993,6 +993,14 @@ def test_a_short_store_key_names_where_it_came_from(monkeypatch: pytest.MonkeyPa
         Sealer("ab")
 
 
+def test_a_store_key_of_raw_bytes_names_where_it_came_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A $GUARD_STORE_KEY of bytes that are not UTF-8 (``openssl rand 32`` without ``-hex``) failed with a codec
+    error naming neither the variable nor what to do."""
+    monkeypatch.setenv("GUARD_STORE_KEY", b"key-\xff\xfe-0123456789abcdef".decode("utf-8", "surrogateescape"))
+    with pytest.raises(ValueError, match=r"^\$GUARD_STORE_KEY is not UTF-8 text .*openssl rand -hex 32"):
+        RedisCache(CacheConfig(url="redis://127.0.0.1:1"))
+
+
 @pytest.mark.anyio
 async def test_redis_stopped_mid_test_is_a_counted_miss(private_redis: Any) -> None:
     backend = ScriptedBackend(by_text)
