@@ -65,6 +65,7 @@ from guard.asgi._subject import (
     client_address,
     header_map,
     held_request,
+    is_credential,
     subject_summary,
 )
 from guard.asgi.review_store import NEW_ITEM, ReviewItem, ReviewStore
@@ -127,7 +128,7 @@ class ReviewHost(Protocol):
 
 def _client_binding(headers: Sequence[tuple[bytes, bytes]], release_token: bytes) -> list[bytes]:
     """The release token and the credential headers (name and value, sorted): who may release."""
-    credentials = sorted(b"%s:%s" % (k.lower(), v) for k, v in headers if k.lower() in SENSITIVE_HEADERS)
+    credentials = sorted(b"%s:%s" % (k.lower(), v) for k, v in headers if is_credential(k))
     return [release_token, *credentials]
 
 
@@ -363,7 +364,7 @@ class ClientReviewEndpoints:
                 return
             body = base64.b64decode(held["body_b64"])
             headers = [*((k.encode("latin-1"), v.encode("latin-1")) for k, v in held["headers"]),
-                       *((k, v) for k, v in scope["headers"] if k.lower() in SENSITIVE_HEADERS)]  # what is replayed
+                       *((k, v) for k, v in scope["headers"] if is_credential(k))]  # what is replayed
             mine = header_map(scope)
             digest = content_digest(_bound_method(held["method"], header_map({"headers": headers})), held["path"],
                                     held["query_string"].encode("latin-1"), body,

@@ -32,6 +32,7 @@ __all__ = [
     "header_map",
     "held_request",
     "host_name",
+    "is_credential",
     "query_map",
     "shown_query",
     "subject_summary",
@@ -40,6 +41,13 @@ __all__ = [
 
 SENSITIVE_HEADERS = frozenset({b"authorization", b"cookie", b"proxy-authorization", b"x-api-key"})
 """Credentials a review item never stores: a release takes them from the releasing request instead."""
+
+
+def is_credential(name: bytes) -> bool:
+    """Whether header ``name`` is one of :data:`SENSITIVE_HEADERS`, in any case and also spelled with ``_``: a WSGI
+    server reads ``x_api_key`` as ``X-Api-Key`` (``HTTP_X_API_KEY``)."""
+    return name.lower().replace(b"_", b"-") in SENSITIVE_HEADERS
+
 _NOT_HELD = SENSITIVE_HEADERS | {
     b"content-length",
     b"transfer-encoding",
@@ -396,10 +404,11 @@ def shown_headers(subject: HttpSubject) -> dict[str, str]:
     brings its own), a credential-named one's value is ``[redacted]`` (:func:`~guard.engine.telemetry.credential_name`:
     ``x-functions-key`` too), and the request's secret values are replaced by ``[redacted]`` wherever a header
     repeats them (:func:`redact_secrets`)."""
-    held = [(name, value) for name, value in subject.headers.items() if name.encode("latin-1") not in _NOT_HELD]
+    held = [(name, value) for name, value in subject.headers.items()
+            if name.encode("latin-1") not in _NOT_HELD and not is_credential(name.encode("latin-1"))]
     # secrets from the credential headers and credential-named ones only: the log's rule that any long header value
     # may be one would hide the very values (x-role: organization-admin) the reviewer approves
-    credentials = {name: value for name, value in subject.headers.items() if name.encode("latin-1") in SENSITIVE_HEADERS}
+    credentials = {name: value for name, value in subject.headers.items() if is_credential(name.encode("latin-1"))}
     return dict(_shown_pairs(held, dataclasses.replace(subject, headers=credentials)))
 
 
@@ -435,7 +444,8 @@ def held_request(scope: Scope, body: bytes, bound: dict[str, Any]) -> dict[str, 
         "raw_path": (scope.get("raw_path") or scope["path"].encode("utf-8")).decode("latin-1"),
         "query_string": scope.get("query_string", b"").decode("latin-1"),
         "headers": [
-            [k.decode("latin-1"), v.decode("latin-1")] for k, v in scope["headers"] if k.lower() not in _NOT_HELD
+            [k.decode("latin-1"), v.decode("latin-1")] for k, v in scope["headers"]
+            if k.lower() not in _NOT_HELD and not is_credential(k)
         ],
         "body_b64": base64.b64encode(body).decode("ascii"),
     }

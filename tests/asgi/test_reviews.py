@@ -692,3 +692,19 @@ async def test_a_create_that_fails_in_redis_names_no_review_id(make_guard: Guard
     assert response.status_code == 503 and response.json()["code"] == "review_unavailable"
     assert response.json()["review_id"] is None
     await store.aclose()
+
+
+async def test_a_credential_spelled_with_underscores_is_not_held_and_binds_the_release(
+    make_guard: GuardFactory, store: ReviewStore
+) -> None:
+    """A WSGI application reads ``x_api_key`` as ``X-Api-Key``; the item held it and a release call replayed it from
+    the store, so the release token alone released the request with the client's key."""
+    key = {"x_api_key": "client-key-0123456789"}
+    async with client_for(_app(make_guard(), store)) as client:
+        held = (await client.post("/v1/echo?lang=en", content=UNSURE, headers={**JSON, **key})).json()
+        await client.post(f"/admin/reviews/{held['review_id']}/approve", headers=_admin())
+        item = await store.get(held["review_id"])
+        assert item.request is not None and "x_api_key" not in {name for name, _ in item.request["headers"]}
+        without = await client.post(held["release_url"], headers=_release(held))
+        assert without.status_code == 409 and "digest mismatch" in without.json()["message"]
+        assert (await client.post(held["release_url"], headers={**_release(held), **key})).status_code == 200
