@@ -17,7 +17,7 @@ from guard._headers import host_name
 from guard._readable import INVISIBLE
 from guard.asgi._body_view import shown_body
 from guard.asgi._media import media_type
-from guard.engine.telemetry import credential_name, credential_value, redact_secrets
+from guard.engine.telemetry import credential_header, credential_name, credential_value, redact_secrets
 from guard.errors import BodyError
 from guard.subject import HttpSubject
 
@@ -44,9 +44,10 @@ SENSITIVE_HEADERS = frozenset({b"authorization", b"cookie", b"proxy-authorizatio
 
 
 def is_credential(name: bytes) -> bool:
-    """Whether header ``name`` is one of :data:`SENSITIVE_HEADERS`, in any case and also spelled with ``_``: a WSGI
-    server reads ``x_api_key`` as ``X-Api-Key`` (``HTTP_X_API_KEY``)."""
-    return name.lower().replace(b"_", b"-") in SENSITIVE_HEADERS
+    """Whether header ``name`` is one of :data:`SENSITIVE_HEADERS`, in any case and also spelled with ``_``
+    (:func:`~guard.engine.telemetry.credential_header`)."""
+    return credential_header(name.decode("latin-1"))
+
 
 _NOT_HELD = SENSITIVE_HEADERS | {
     b"content-length",

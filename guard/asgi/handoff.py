@@ -33,7 +33,7 @@ import httpx
 
 from guard._json import loads
 from guard._urls import shown_url
-from guard.engine.telemetry import CREDENTIAL_HEADERS, redact_secrets
+from guard.engine.telemetry import credential_header, redact_secrets
 from guard.errors import HandoffError, InvalidJson
 from guard.policy import HandoffTarget
 from guard.subject import HttpSubject, Subject
@@ -267,7 +267,7 @@ class HandoffClient:
             # secret-named fields and the credential headers' values, not every header's (a Referer the user asks
             # about is their question)
             keys = dataclasses.replace(subject, headers={k: v for k, v in subject.headers.items()
-                                                         if k in CREDENTIAL_HEADERS})
+                                                         if credential_header(k)})
             subject = subject.with_body(redact_secrets(subject.body, keys), redact_secrets(subject.body_text, keys),
                                         query=redact_secrets(subject.query, keys))
             chat = _client_chat(subject.body)

@@ -95,6 +95,7 @@ __all__ = [
     "Scrubber",
     "Telemetry",
     "body_secrets",
+    "credential_header",
     "credential_name",
     "credential_value",
     "metric_readers_from_env",
@@ -174,6 +175,12 @@ POLICY_VERDICT_ATTRIBUTES = (
 CREDENTIAL_HEADERS = ("authorization", "cookie", "proxy-authorization", "x-api-key")
 #: Pointers the decision log removes unless told otherwise (in every log_input mode): the credential headers.
 DEFAULT_REDACT = tuple(f"/input/headers/{name}" for name in CREDENTIAL_HEADERS)
+
+
+def credential_header(name: str) -> bool:
+    """Whether request header ``name`` is one of :data:`CREDENTIAL_HEADERS`, in any case and also spelled with ``_``:
+    a WSGI server reads ``x_api_key`` as ``X-Api-Key`` (``HTTP_X_API_KEY``)."""
+    return name.lower().replace("_", "-") in CREDENTIAL_HEADERS
 
 
 #: Names of headers, query parameters and body or argument fields whose values ``log_input="redacted"`` removes

@@ -395,3 +395,14 @@ def test_secrets_in_the_request_are_not_sent_to_the_handoff_target() -> None:
                           body_text="hunter2-BODYSECRET\nwhat is the weather?")
     text = json.dumps(HandoffClient().messages_for(_verdict(), subject))
     assert "weather" in text and "BODYSECRET" not in text and "QUERYSECRET" not in text
+
+
+def test_a_credential_header_spelled_with_underscores_is_not_sent_to_the_handoff_target() -> None:
+    """A WSGI application reads ``x_api_key`` as ``X-Api-Key``; its value, repeated in the body, reached the target
+    where an ``X-Api-Key``'s is redacted."""
+    for name in ("x-api-key", "x_api_key", "proxy_authorization"):
+        subject = HttpSubject(method="POST", path="/v1/messages", headers={name: "client-key-0123456789"},
+                              body={"message": "my key client-key-0123456789 fails"},
+                              body_text="my key client-key-0123456789 fails")
+        text = json.dumps(HandoffClient().messages_for(_verdict(), subject))
+        assert "my key" in text and "client-key" not in text, name
