@@ -173,8 +173,10 @@ POLICY_VERDICT_ATTRIBUTES = (
 )
 #: Request headers that carry credentials: never logged, never sent on (a handoff), their values scrubbed from text.
 CREDENTIAL_HEADERS = ("authorization", "cookie", "proxy-authorization", "x-api-key")
-#: Pointers the decision log removes unless told otherwise (in every log_input mode): the credential headers.
-DEFAULT_REDACT = tuple(f"/input/headers/{name}" for name in CREDENTIAL_HEADERS)
+#: Pointers the decision log removes unless told otherwise (in every log_input mode): the credential headers, also
+#: spelled with ``_`` (:func:`credential_header`).
+DEFAULT_REDACT = tuple(f"/input/headers/{spelling}" for name in CREDENTIAL_HEADERS
+                       for spelling in dict.fromkeys((name, name.replace("-", "_"))))
 
 
 def credential_header(name: str) -> bool:

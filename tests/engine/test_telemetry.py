@@ -443,3 +443,16 @@ def test_leaving_the_input_out_scrubs_the_state_as_much_and_full_mode_scrubs_cre
     assert not [p for p in without["erased"] if p.startswith("/input/")]  # it names only what the record had
     full = DecisionLog(io.StringIO(), log_input="full", include_input=False).event(verdict, subject)
     assert full["state"] == {**state, "h1": "[redacted]"} and "sk-live" not in json.dumps(full)
+
+
+def test_full_mode_removes_a_credential_header_spelled_with_underscores() -> None:
+    """A WSGI application reads ``x_api_key`` as ``X-Api-Key``; ``full`` removed ``x-api-key`` and wrote
+    ``x_api_key`` (and every state value repeating it) as sent."""
+    from guard.verdict import Verdict
+
+    for name in ("x-api-key", "x_api_key", "proxy_authorization"):
+        subject = HttpSubject(method="POST", path="/v1/chat", headers={name: "client-key-0123456789", "x-tier": "gold"})
+        verdict = Verdict("allow", "d1", state={"key": "client-key-0123456789"})
+        event = DecisionLog(io.StringIO(), log_input="full").event(verdict, subject)
+        assert event["input"]["headers"] == {"x-tier": "gold"} and "client-key" not in json.dumps(event), name
+        assert f"/input/headers/{name}" in event["erased"]
