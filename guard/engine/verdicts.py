@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from guard._markup import is_markup
-from guard.engine.telemetry import CREDENTIAL_HEADERS
+from guard.engine.telemetry import credential_header
 from guard.errors import BackendError, GuardError, Overloaded, StateAmbiguous, StateTooLong, UnsupportedQuestion
 from guard.policy import Policy
 from guard.policy.provenance import resolved_effect
@@ -172,12 +172,12 @@ def _unmasked_texts(policy: Policy, subject: HttpSubject, redactions: tuple[Reda
     """What of ``subject`` besides its body and query that ``policy``'s state and rules read goes on as it is, where
     a ``redact`` rule masks nothing (:attr:`Policy.http_reads`): a request's path (as matched and as sent), and the
     values of the headers read (a response's headers for a response), but the credential headers
-    (:data:`~guard.engine.telemetry.CREDENTIAL_HEADERS`: the caller's own key, which the application is sent anyway).
+    (:func:`~guard.engine.telemetry.credential_header`: the caller's own key, which the application is sent anyway).
     Where a rule may read any header (most read their names: ``subject.headers.exists(h, ...)``) and ``redactions``
     mask something in the body, only the headers that hold what they mask count; with nothing masked, every one."""
     reads = policy.http_reads
     headers = [value for name, value in subject.headers.items()
-               if (reads.headers is None or name in reads.headers) and name not in CREDENTIAL_HEADERS]
+               if (reads.headers is None or name in reads.headers) and not credential_header(name)]
     if reads.headers is None and redactions:
         masked = masked_texts(subject.body, redactions)
         headers = [value for value in headers if any(text in value for text in masked)]

@@ -173,6 +173,7 @@ policies:
 @pytest.mark.parametrize(("path", "headers", "state", "action"), [
     ("/channels/1098765432109876543/messages", {"authorization": "Bearer t"}, "", "redact"),  # a snowflake id
     ("/v1/notes", {"authorization": "Bearer 4111111111111111"}, "", "redact"),  # the caller's own credential
+    ("/v1/notes", {"authorization": "Bearer t", "x_api_key": "4111111111111111"}, "", "redact"),  # read as X-Api-Key
     ("/channels/1098765432109876543/messages", {"authorization": "Bearer t"}, "path: path,", "block"),
     ("/channels/1098765432109876543/messages", {"authorization": "Bearer t"}, "words: request_text,", "block"),
 ])  # fmt: skip
