@@ -24,16 +24,21 @@ __all__ = ["REPEATED_HEADER", "host_name", "media_type", "sole_header"]
 REPEATED_HEADER = "repeated_header"
 
 
-def sole_header(headers: Iterable[tuple[bytes, bytes]], name: str) -> bytes | None:
-    """The one value of header ``name`` in an ASGI scope's ``headers`` (names compared case-insensitively), or
-    ``None`` when the request does not send it.
+def sole_header(headers: Iterable[tuple[bytes, bytes]], name: str, *, wsgi_alike: bool = False) -> bytes | None:
+    """The one value of header ``name`` in an ASGI scope's ``headers`` (names compared case-insensitively, and with
+    ``wsgi_alike`` ``_`` read as ``-``: a WSGI server names ``x_tenant`` and ``x-tenant`` alike, ``HTTP_X_TENANT``),
+    or ``None`` when the request does not send it.
 
     Raises:
         BodyError: 400 :data:`REPEATED_HEADER` (``field``: ``name`` lower-cased) when the request sends it more than
             once.
     """
     key = name.lower().encode("latin-1")
-    values = [value for k, value in headers if k.lower() == key]
+    if wsgi_alike:
+        key = key.replace(b"_", b"-")
+        values = [value for k, value in headers if k.lower().replace(b"_", b"-") == key]
+    else:
+        values = [value for k, value in headers if k.lower() == key]
     if len(values) > 1:
         raise BodyError(400, REPEATED_HEADER, f"the {name.lower()} header is sent more than once; send it once",
                         field=name.lower())

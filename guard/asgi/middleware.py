@@ -511,10 +511,11 @@ class GuardMiddleware:
         ``None`` without either.
 
         Raises:
-            BodyError: 400 ``repeated_header`` when the tenant header is sent more than once.
+            BodyError: 400 ``repeated_header`` when the tenant header is sent more than once (a copy spelled with
+                ``_`` counted: an application behind a WSGI server reads it as the same header).
         """
         if self.tenant_header is not None:
-            raw = sole_header(scope["headers"], self.tenant_header) or b""
+            raw = sole_header(scope["headers"], self.tenant_header, wsgi_alike=True) or b""
             value = raw.decode("latin-1").strip(" \t")  # as HTTP trims a field (RFC 9110 5.5): not
             return value or None  # str.strip's NBSP or NEL, which would file "acme\xa0" under acme, sent on as sent
         if self._tenant is not None:

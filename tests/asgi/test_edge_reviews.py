@@ -76,6 +76,9 @@ async def test_reviewers_see_and_decide_only_their_tenants_items(make_guard: Gua
             twice = await client.post("/v1/echo", content=UNSURE,
                                       headers=[("content-type", "application/json"), ("x-tenant", "acme"),
                                                ("x-tenant", "globex")])
+            spelled = await client.post("/v1/echo", content=UNSURE,
+                                        headers=[("content-type", "application/json"), ("x-tenant", "acme"),
+                                                 ("x_tenant", "globex")])
             scoped = _bearer(ACME["acme-reviewer"].token)
             listed = (await client.get(f"{admin_base}/_guard/admin/reviews/", headers=scoped)).json()
             everything = (await client.get(f"{admin_base}/_guard/admin/reviews/",
@@ -94,6 +97,7 @@ async def test_reviewers_see_and_decide_only_their_tenants_items(make_guard: Gua
     assert own.status_code == 200 and own.json()["decided_by"] == "acme-reviewer"
     assert (await store.get(globex["review_id"])).status == "pending"  # the refused approval changed nothing
     assert twice.status_code == 400 and twice.json()["field"] == "x-tenant"
+    assert spelled.status_code == 400 and spelled.json()["field"] == "x-tenant"  # a WSGI app reads x_tenant alike
 
 
 async def test_the_review_api_is_rate_limited_per_token(make_guard: GuardFactory) -> None:
