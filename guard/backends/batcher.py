@@ -151,8 +151,8 @@ class MicroBatcher(Generic[ItemT, ResultT]):
 
     @property
     def queue_depth(self) -> int:
-        """Requests waiting for a batch (cancelled or expired ones are counted until the next batch forms, or until a
-        submit finds the queue full)."""
+        """Requests waiting for a batch; one whose caller left or whose deadline passed leaves the queue (and this
+        count) at once."""
         return len(self._queue)
 
     def check_room(self) -> None:
@@ -253,6 +253,7 @@ class MicroBatcher(Generic[ItemT, ResultT]):
         pending = _Pending(item, length, future, now, deadline, timeout, arrival_gap=now - self._last_arrival)
         self._last_arrival = now
         self._queue.append(pending)
+        future.add_done_callback(lambda _: self._discard(pending))
         self._stats.submitted += 1
         assert self._wake is not None
         self._wake.set()
@@ -312,9 +313,9 @@ class MicroBatcher(Generic[ItemT, ResultT]):
 
     def _drop_finished(self) -> None:
         """Drop every finished (cancelled or timed-out) request from the queue, wherever it sits: a full queue is
-        checked for live requests before anyone is refused, since requests that expired or whose client left while
-        a long batch computed stay queued until the batch is collected. Called only when one has (a full queue of
-        live requests costs a refusal one pass over it, no copy)."""
+        checked for live requests before anyone is refused, since a request finished this loop turn leaves the queue
+        only when its done callback runs, a turn later. Called only when one has (a full queue of live requests
+        costs a refusal one pass over it, no copy)."""
         live = []
         for pending in self._queue:
             if pending.alive():
@@ -323,6 +324,19 @@ class MicroBatcher(Generic[ItemT, ResultT]):
                 self._count_dropped(pending)
         self._queue.clear()
         self._queue.extend(live)
+
+    def _discard(self, pending: _Pending[ItemT, ResultT]) -> None:
+        """Done callback of a request: one answered while still queued (its caller left, its deadline passed) leaves
+        the queue at once, not when the next batch forms, so ``queue_depth`` (what the autoscaler reads) counts only
+        live requests. One already taken into a batch or dropped is not in the queue and was counted there; one
+        answered by its batch never is (no pass over the queue for it)."""
+        if not (pending.future.cancelled() or pending.timed_out):
+            return
+        try:
+            self._queue.remove(pending)
+        except ValueError:
+            return
+        self._count_dropped(pending)
 
     def _count_dropped(self, pending: _Pending[ItemT, ResultT]) -> None:
         if pending.timed_out:

@@ -200,7 +200,7 @@ async def test_requests_that_left_a_full_queue_give_back_their_places() -> None:
         for late in expired:
             with pytest.raises(BackendTimeout):
                 await late
-        assert batcher.queue_depth == 3  # still queued: the collector waits on the held batch
+        assert batcher.queue_depth == 0  # left at once, though the collector waits on the held batch
         live = asyncio.ensure_future(batcher.submit(("live", 3)))
         await asyncio.sleep(0)
         model.gate.set()
@@ -208,6 +208,51 @@ async def test_requests_that_left_a_full_queue_give_back_their_places() -> None:
         await held
     assert batcher.stats.rejected == 0 and batcher.stats.expired == 2 and batcher.stats.cancelled == 1
     assert "late0" not in model.seen() and "gone" not in model.seen()
+
+
+async def test_requests_whose_callers_left_leave_the_queue_depth_at_once() -> None:
+    """The autoscaler reads ``queue_depth``: a request whose client left or whose deadline passed while a long batch
+    computes leaves it at once (not when the next batch forms), is never run, and is counted once."""
+    model = Model()
+    async with MicroBatcher(model, tokens=tokens, config=BatcherConfig(max_wait_ms=0)) as batcher:
+        held = await hold_inference_thread(batcher, model)
+        gone = [asyncio.ensure_future(batcher.submit((f"gone{i}", 2))) for i in range(5)]
+        late = asyncio.ensure_future(batcher.submit(("late", 2), timeout=0.02))
+        stays = asyncio.ensure_future(batcher.submit(("stays", 2)))
+        await asyncio.sleep(0)
+        assert batcher.queue_depth == 7
+        for task in gone:
+            task.cancel()
+        with pytest.raises(BackendTimeout):
+            await late
+        await asyncio.sleep(0)
+        assert batcher.queue_depth == 1
+        model.gate.set()
+        assert await stays == 4
+        await held
+    assert batcher.stats.cancelled == 5 and batcher.stats.expired == 1
+    assert not any(name.startswith(("gone", "late")) for name in model.seen())
+
+
+async def test_a_request_cancelled_as_its_batch_forms_is_counted_once() -> None:
+    """A request cancelled in the turn its batch is taken: the collector drops it, and its done callback, a turn
+    later, finds it gone and counts nothing."""
+    model = Model()
+    async with MicroBatcher(model, tokens=tokens, config=BatcherConfig(max_wait_ms=0)) as batcher:
+        held = await hold_inference_thread(batcher, model)
+        queued = [asyncio.ensure_future(batcher.submit((f"q{i}", 2))) for i in range(3)]
+        await asyncio.sleep(0)
+        batcher._queue[1].future.cancel()
+        batch = batcher._take_batch()  # the collector's turn, before the done callback's
+        assert [pending.item[0] for pending in batch] == ["q0", "q2"]
+        for pending in batch:
+            pending.future.set_result(0)
+        await asyncio.sleep(0)
+        assert batcher.queue_depth == 0 and batcher.stats.cancelled == 1
+        assert await queued[0] == 0 and queued[1].cancelled()
+        model.gate.set()
+        await held
+    assert batcher.stats.cancelled == 1
 
 
 async def test_a_request_cancelled_this_turn_gives_its_place_to_the_next() -> None:
