@@ -26,9 +26,11 @@ stay as one joint pass left them. Off by default.
 
 Honest numbers (``folds=True``): before the final fit, one model per fold is trained without that fold's records
 (records carry a ``fold``: a group of sources by provenance, ``guard/compact/data.py``) on a seeded share of the rest
-and scores the held-out fold. The out-of-fold answers give the leave-one-source-group-out metrics (pooled, per fold
-and per source), calibrated as the procedure would be on new sources: for each fold a temperature fitted on the
-other folds' out-of-fold logits (:func:`~guard.compact.train.fit_temperature`). The shipped model's temperatures are
+and scores the held-out fold; it leaves out every training text a held-out record shares, for any question (the same
+text up to case and punctuation, one inside the other, or one template with other fillers: :func:`_shared_texts`),
+so no fold model has read the records it scores. The out-of-fold answers give the leave-one-source-group-out
+metrics (pooled, per fold and per source), calibrated as the procedure would be on new sources: for each fold a
+temperature fitted on the other folds' out-of-fold logits (:func:`~guard.compact.train.fit_temperature`). The shipped model's temperatures are
 fitted on ``val`` with the final weights (fold models train on a share of the data and are less sure of themselves,
 so their temperatures would flatten the final model's answers).
 """
@@ -39,8 +41,8 @@ import math
 import random
 import re
 import time
-from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,10 @@ ProgressFactory = Callable[..., Any]
 _ENCODE_TOKENS = 4096
 #: A fold name that can name a folder of ``fold_models`` (no separators, not ``.`` or ``..``).
 _FOLD_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+#: Fewest words of a text that counts as read when it is found inside another (shorter ones must match whole).
+_CONTAINED_WORDS = 8
+#: Jaccard similarity of two texts' word 5-grams from which they are one text (a template with other fillers).
+_NEAR = 0.8
 
 
 @dataclass(frozen=True)
@@ -150,7 +156,9 @@ class FinetuneReport:
     answers on the validation records: the head's answers calibrated by ``temperatures``, fitted on those records;
     for a grounded question (:func:`ground` ran) its grounded answer, whose grounding was fitted on the training
     *and* validation records, so its entry says ``"held_out": false`` and it has no temperature (the grounding
-    answers in its place). ``grounding`` holds the report of :func:`ground` when it ran (out-of-source numbers)."""
+    answers in its place). ``grounding`` holds the report of :func:`ground` when it ran (out-of-source numbers).
+    ``heldout`` holds the out-of-fold metrics and, as ``left_out_texts``, how many training texts each fold model
+    left out because its held-out fold shares them."""
 
     train_loss: list[float] = field(default_factory=list)
     val_loss: list[float] = field(default_factory=list)
@@ -285,8 +293,9 @@ def train_catalog(
     Raises:
         ValueError: no training records, a question that is not in the catalog (naming the first record that asks
             it), ``head_questions`` the records do not ask, ``folds`` with the training records of one fold, or
-            ``fold_models`` without ``folds`` or with a fold name that cannot name a folder. ``folds`` with no
-            record of a fold logs a warning (no held-out numbers).
+            ``fold_models`` without ``folds`` or with a fold name that cannot name a folder, or a fold whose other
+            folds' training texts it all shares. ``folds`` with no record of a fold logs a warning (no held-out
+            numbers).
     """
     if not train_records:
         raise ValueError("no training records")
@@ -424,13 +433,20 @@ def train_catalog(
         return _rounded(head.eval())
 
     heldout: list[tuple[_Example, torch.Tensor]] = []
+    read: dict[str, set[int]] = {}
     if folds:
         names = sorted({e.fold for e in train_examples if e.fold})
         for name in names:
-            rest = [e for e in train_examples if e.fold != name]
+            scored = [e for e in (*train_examples, *val_examples) if e.fold == name]
+            read[name] = _shared_texts([e for e in train_examples if e.fold != name], scored, list(texts))
+            rest = [e for e in train_examples if e.fold != name and e.text not in read[name]]
+            if not rest:
+                raise ValueError(f"every training record of the folds other than {name!r} shares its text with a "
+                                 f"record of {name!r}, so no model can be trained without having read it; give the "
+                                 f"folds distinct texts, or train without the held-out models (folds=False, guard "
+                                 f"train --no-folds)")
             rng_fold = random.Random(f"{config.seed}|{name}")
             share = rng_fold.sample(rest, max(1, round(len(rest) * config.fold_share)))
-            scored = [e for e in (*train_examples, *val_examples) if e.fold == name]
             t0 = time.perf_counter()
             head = fit(share, config.fold_epochs, f"fold {name}")
             heldout.extend(zip(scored, _logits(head, scored, windows, entries), strict=True))
@@ -439,15 +455,17 @@ def train_catalog(
                 head.top.to(encoder.dtype)
                 CompactModel(encoder, head, _questions(entries, {}), kind="catalog",
                              meta={"config": asdict(config), "held_out": name}).save(fold_models / name)
-            log(f"fold {name}: trained on {len(share)} records of the other folds, scored {len(scored)} held out")
+            log(f"fold {name}: trained on {len(share)} records of the other folds (left out the texts of "
+                f"{len(read[name])} that the held-out records share), scored {len(scored)} held out")
     t0 = time.perf_counter()
     head = fit(train_examples, config.epochs, "final", val_examples)
     report.seconds["final"] = time.perf_counter() - t0
     val_logits = _logits(head, val_examples, windows, entries)
     if heldout:
         report.heldout = _heldout_report(heldout, ids, entries)
+        report.heldout["left_out_texts"] = {name: len(shared) for name, shared in read.items()}
         report.heldout["frozen_encoder"] = _frozen_baseline(layers, windows, train_examples, val_examples, ids,
-                                                            entries, progress)
+                                                            entries, read, progress)
     pairs = list(zip(val_examples, val_logits, strict=True))
     report.temperatures = {ids[q]: fit_temperature(*_pairs(pairs, q)) for q in range(len(ids))
                            if _pairs(pairs, q)[0]}
@@ -682,11 +700,11 @@ def _fold_mean(by_fold: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[
 
 def _frozen_baseline(layers: Sequence[torch.nn.Module], windows: _Windows, train_examples: Sequence[_Example],
                      val_examples: Sequence[_Example], ids: Sequence[str], entries: Sequence[Any],
-                     progress: ProgressFactory | None) -> dict[str, Any]:
+                     read: Mapping[str, set[int]], progress: ProgressFactory | None) -> dict[str, Any]:
     """The frozen-encoder comparison on the same folds: all-MiniLM-L6-v2 as shipped (mean-pooled sentence
     embedding of each window), a logistic regression per question (scikit-learn, ``C=1``) trained on the other folds'
-    first pieces or windows, the record answered by its piece or window with the highest score. Out-of-fold metrics pooled, per fold
-    and their mean over folds."""
+    first pieces or windows (less the texts ``read[fold]`` the fold shares, as the fold models), the record answered
+    by its piece or window with the highest score. Out-of-fold metrics pooled, per fold and their mean over folds."""
     from sklearn.linear_model import LogisticRegression
 
     head = CatalogHead(layers, [2], windows.hidden[0].shape[-1]).eval()
@@ -710,7 +728,7 @@ def _frozen_baseline(layers: Sequence[torch.nn.Module], windows: _Windows, train
     every = [*train_examples, *val_examples]
     for fold in sorted({e.fold for e in train_examples if e.fold}):
         for q, entry in enumerate(entries):
-            rest = [e for e in train_examples if e.fold != fold and e.question == q]
+            rest = [e for e in train_examples if e.fold != fold and e.question == q and e.text not in read[fold]]
             held = [e for e in every if e.fold == fold and e.question == q]
             if not held or len({e.target for e in rest}) < 2:
                 continue
@@ -725,6 +743,73 @@ def _frozen_baseline(layers: Sequence[torch.nn.Module], windows: _Windows, train
                 pairs.append((e, scores[pick_window(scores, entry)]))
     by_fold = _metrics(pairs, ids, entries, {}, by=lambda e: e.fold)
     return {"pooled": _metrics(pairs, ids, entries, {}), "by_fold": by_fold, "fold_mean": _fold_mean(by_fold)}
+
+
+def _normalised(text: str) -> str:
+    """``text`` compared up to case, white space and punctuation: casefolded words joined by single spaces."""
+    return " ".join(re.sub(r"[\W_]+", " ", text.casefold()).split())
+
+
+def _shared_texts(train: Sequence[_Example], held: Sequence[_Example], texts: Sequence[tuple[str, bool]]) -> set[int]:
+    """The texts of ``train`` that a ``held`` record shares, for any question (the fold models share their encoder
+    layer): the same text up to case, white space and punctuation (:func:`_normalised`), or one of at least
+    :data:`_CONTAINED_WORDS` words inside the other (a composed document's attack sentence, a document cut into
+    pieces). A fold model trained on them would have read its held-out records.
+
+    Args:
+        train, held: the fold model's candidate training examples and the held-out fold's.
+        texts: ``(text, text view)`` by an example's ``text`` index.
+    """
+    norm = {t: _normalised(texts[t][0]) for t in {e.text for e in (*train, *held)}}
+    held_texts = {norm[e.text] for e in held}
+    train_texts = {e.text for e in train}
+    shared = {t for t in train_texts if norm[t] in held_texts}
+
+    def starts(members: Iterable[str]) -> dict[str, list[str]]:
+        """Texts of at least ``_CONTAINED_WORDS`` words by their first ``_CONTAINED_WORDS`` words."""
+        out: dict[str, list[str]] = defaultdict(list)
+        for text in members:
+            words = text.split(" ")
+            if len(words) >= _CONTAINED_WORDS:
+                out[" ".join(words[:_CONTAINED_WORDS])].append(text)
+        return out
+
+    def inside(text: str, candidates: dict[str, list[str]]) -> Iterator[str]:
+        """The candidates found in ``text`` as whole words."""
+        words, padded = text.split(" "), f" {text} "
+        for i in range(len(words) - _CONTAINED_WORDS + 1):
+            for candidate in candidates.get(" ".join(words[i : i + _CONTAINED_WORDS]), ()):
+                if f" {candidate} " in padded:
+                    yield candidate
+
+    held_starts = starts(held_texts)
+    shared |= {t for t in train_texts - shared if any(inside(norm[t], held_starts))}
+    by_norm: dict[str, list[int]] = defaultdict(list)
+    for t in train_texts - shared:
+        by_norm[norm[t]].append(t)
+    train_starts = starts(by_norm)
+    for text in held_texts:
+        for found in inside(text, train_starts):
+            shared.update(by_norm[found])
+    held_grams = {text: grams for text in held_texts if (grams := _grams(text))}
+    postings: dict[str, list[str]] = defaultdict(list)
+    for text, grams in held_grams.items():
+        for gram in grams:
+            postings[gram].append(text)
+    for t in train_texts - shared:
+        grams = _grams(norm[t])
+        counts = Counter(text for gram in grams for text in postings.get(gram, ()))
+        if any(n >= _NEAR * len(grams | held_grams[text]) for text, n in counts.items()):
+            shared.add(t)
+    return shared
+
+
+def _grams(text: str) -> set[str]:
+    """The word 5-grams of a normalised text of at least :data:`_CONTAINED_WORDS` words (none for a shorter one)."""
+    words = text.split(" ")
+    if len(words) < _CONTAINED_WORDS:
+        return set()
+    return {" ".join(words[i : i + 5]) for i in range(len(words) - 4)}
 
 
 def _rounded(head: CatalogHead) -> CatalogHead:
