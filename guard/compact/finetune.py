@@ -315,7 +315,6 @@ def train_catalog(
             raise ValueError(f"fold names {unsafe} cannot name a folder of fold_models: letters, digits, '_', '-' "
                              f"and '.' only, not starting with '.'")
     torch.manual_seed(config.seed)
-    rng = random.Random(config.seed)
     ids = [qid for qid in CATALOG if any(qid in r.labels for r in (*train_records, *val_records))]
     unknown = sorted({q for r in (*train_records, *val_records) for q in r.labels} - set(CATALOG))
     if unknown:
@@ -407,6 +406,7 @@ def train_catalog(
 
     def fit(selected: Sequence[_Example], epochs: int, desc: str, val: Sequence[_Example] = ()) -> CatalogHead:
         torch.manual_seed(config.seed)
+        rng = random.Random(f"{config.seed}|{desc}")  # its own draws: the fold models leave the final model as it is
         head = CatalogHead(layers, options, encoder.hidden_size)
         heads = [p for n, p in head.named_parameters() if not n.startswith("top.")]
         groups = [{"params": heads, "lr": config.learning_rate}]

@@ -59,6 +59,18 @@ def test_folds_score_only_sources_the_fold_model_never_saw(encoder: Any, tmp_pat
     assert set(report.seconds) >= {"encode", "fold_f0", "fold_f1", "final"}
 
 
+def test_the_final_model_is_the_same_whatever_the_fold_models_train_on(encoder: Any, tmp_path: Any) -> None:
+    records = _records(tmp_path)
+    records = [dataclasses.replace(r, fold=f"f{n % 2}", source=f"src{n % 2}") for n, r in enumerate(records)]
+    config = FinetuneConfig(epochs=2, batch_size=4, layer_epochs=1, layer_learning_rate=1e-4, fold_share=1.0)
+    alone, plain = train_catalog(records, [], config, encoder, folds=False)
+    for share in (1.0, 0.5):  # fold models drawing other batches leave the final model as it is
+        model, report = train_catalog(records, [], dataclasses.replace(config, fold_share=share), encoder)
+        assert report.train_loss == plain.train_loss
+        final, expected = model.head.state_dict(), alone.head.state_dict()
+        assert all(final[key].equal(expected[key]) for key in expected)
+
+
 def test_a_fold_model_never_trains_on_a_text_its_held_out_fold_shares(encoder: Any, tmp_path: Any) -> None:
     rows = injection_records()
     for row in rows:
