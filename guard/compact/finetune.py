@@ -332,17 +332,7 @@ def train_catalog(
     entries = [CATALOG[qid] for qid in ids]
     options = [len(entry.to_question().options()) for entry in entries]
     texts: dict[tuple[str, bool], int] = {}
-
-    def examples(records: Sequence[LabelledRecord]) -> list[_Example]:
-        out = []
-        for record in records:
-            for qid, target in record.labels.items():
-                q = ids.index(qid)
-                item = (state_text(record.request.state, entries[q].view), entries[q].view == "text")
-                out.append(_Example(texts.setdefault(item, len(texts)), q, target, record.fold, record.source))
-        return out
-
-    train_examples, val_examples = examples(train_records), examples(val_records)
+    train_examples, val_examples = _examples(train_records, ids, texts), _examples(val_records, ids, texts)
     report = FinetuneReport()
     started = time.perf_counter()
     windows = _Windows(encoder, list(texts), windows=config.train_windows, pieces=config.train_pieces,
@@ -743,6 +733,40 @@ def _frozen_baseline(layers: Sequence[torch.nn.Module], windows: _Windows, train
                 pairs.append((e, scores[pick_window(scores, entry)]))
     by_fold = _metrics(pairs, ids, entries, {}, by=lambda e: e.fold)
     return {"pooled": _metrics(pairs, ids, entries, {}), "by_fold": by_fold, "fold_mean": _fold_mean(by_fold)}
+
+
+def _examples(records: Sequence[LabelledRecord], ids: Sequence[str], texts: dict[tuple[str, bool], int]
+              ) -> list[_Example]:
+    """One example per record and question of ``ids`` it labels; ``texts`` numbers each ``(text, text view)``, adding
+    those it has not seen."""
+    out = []
+    for record in records:
+        for qid, target in record.labels.items():
+            q, view = ids.index(qid), CATALOG[qid].view
+            item = (state_text(record.request.state, view), view == "text")
+            out.append(_Example(texts.setdefault(item, len(texts)), q, target, record.fold, record.source))
+    return out
+
+
+def fold_overlap(train_records: Sequence[LabelledRecord], val_records: Sequence[LabelledRecord]
+                 ) -> dict[str, dict[str, Any]]:
+    """How much each fold shares with the other folds' training records (:func:`_shared_texts`), by fold: the
+    training texts its fold model leaves out (``left_out_texts``) and, by question, the held-out records (training
+    and validation records of the fold) whose text a fold model trained on every other fold's training records would
+    have read (``shared`` of ``n``)."""
+    ids = [qid for qid in CATALOG if any(qid in r.labels for r in (*train_records, *val_records))]
+    texts: dict[tuple[str, bool], int] = {}
+    train, val = _examples(train_records, ids, texts), _examples(val_records, ids, texts)
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted({e.fold for e in train if e.fold}):
+        held = [e for e in (*train, *val) if e.fold == name]
+        rest = [e for e in train if e.fold != name]
+        read = _shared_texts(held, rest, list(texts))
+        by_question = {ids[q]: {"shared": sum(e.text in read for e in held if e.question == q),
+                                "n": sum(e.question == q for e in held)}
+                       for q in sorted({e.question for e in held})}
+        out[name] = {"left_out_texts": len(_shared_texts(rest, held, list(texts))), "questions": by_question}
+    return out
 
 
 def _normalised(text: str) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from guard.compact.finetune import FinetuneConfig, train_catalog
+from guard.compact.finetune import FinetuneConfig, fold_overlap, train_catalog
 from guard.compact.records import LabelledRecord, load_records
 from tests.compact.conftest import injection_records, write_jsonl
 
@@ -92,6 +92,10 @@ def test_a_fold_model_never_trains_on_a_text_its_held_out_fold_shares(encoder: A
     assert any(line.startswith("fold f1: trained on 14 records of the other folds") for line in lines), lines
     assert any(line.startswith("fold f0: trained on 1 records of the other folds") for line in lines), lines
     assert report.heldout["left_out_texts"] == {"f0": 2, "f1": 2}
+    overlap = fold_overlap(load_records(tmp_path / "train.jsonl"), [])  # what bench/fold_overlap.py prints
+    assert overlap == {"f0": {"left_out_texts": 2, "questions": {"guard.prompt_injection": {"shared": 2, "n": 16}}},
+                       "f1": {"left_out_texts": 2, "questions": {"guard.prompt_injection": {"shared": 1, "n": 2},
+                                                                 "guard.harmful_request": {"shared": 1, "n": 1}}}}
     copies = [{**row, "fold": "f1"} for row in rows if row["fold"] == "f0"] + [row for row in rows if row["fold"] == "f0"]
     with pytest.raises(ValueError, match="every training record of the folds other than 'f0' shares its text"):
         train_catalog(load_records(write_jsonl(tmp_path / "copies.jsonl", copies)), [],
