@@ -770,8 +770,9 @@ def fold_overlap(train_records: Sequence[LabelledRecord], val_records: Sequence[
 
 
 def _normalised(text: str) -> str:
-    """``text`` compared up to case, white space and punctuation: casefolded words joined by single spaces."""
-    return " ".join(re.sub(r"[\W_]+", " ", text.casefold()).split())
+    """``text`` compared up to case, white space and punctuation: casefolded words joined by single spaces (a text
+    without words, braille or emoji, up to white space only, so it is not every other such text)."""
+    return " ".join(re.sub(r"[\W_]+", " ", text.casefold()).split()) or " ".join(text.split())
 
 
 def _shared_texts(train: Sequence[_Example], held: Sequence[_Example], texts: Sequence[tuple[str, bool]]) -> set[int]:

@@ -119,6 +119,15 @@ def test_shared_texts_are_one_text_up_to_case_one_inside_the_other_or_one_templa
     assert _shared_texts(train, held, texts) == {0, 1, 2}
 
 
+def test_texts_without_words_are_shared_only_when_equal() -> None:
+    from guard.compact.finetune import _Example, _shared_texts
+
+    texts = [(text, True) for text in ("", "\u2813\u281e\u280d\u2807 \U0001f600", "\u2813\u281e\u280d\u2807  \U0001f600", "...")]
+    train = [_Example(0, 0, 0, "f0", "a"), _Example(1, 0, 0, "f0", "a")]
+    held = [_Example(t, 0, 0, "f1", "b") for t in (2, 3)]
+    assert _shared_texts(train, held, texts) == {1}  # braille and an emoji again, not an empty tool output
+
+
 def test_fold_models_are_saved_and_score_their_held_out_fold_as_training_did(encoder: Any, tmp_path: Any) -> None:
     from guard.backends.compact import CompactBackend
     from guard.compact.evaluate import question_metrics
