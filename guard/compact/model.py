@@ -1303,12 +1303,11 @@ class CompactModel:
                 Routers always run in torch.
 
         Raises:
-            ValueError: an unknown format, kind or runtime, an encoder other than all-MiniLM-L6-v2, or a malformed
-                grounding (:meth:`~guard.compact.grounding.Grounding.from_json`).
+            ValueError: an unknown format, kind or runtime, an encoder other than all-MiniLM-L6-v2, a malformed
+                grounding (:meth:`~guard.compact.grounding.Grounding.from_json`), or a weights file that is cut
+                short, holds values that are not finite or does not fit the config (:func:`_read_weights`).
             FileNotFoundError: a missing file.
         """
-        from safetensors.torch import load_file
-
         from guard.compact.runtime import RUNTIMES, OnnxStack, choose
 
         if runtime not in RUNTIMES:
@@ -1346,10 +1345,13 @@ class CompactModel:
             weights = root / HEAD_WEIGHTS_FILE
         else:
             raise ValueError(f"{root / COMPACT_CONFIG_FILE} has kind {kind!r}; expected 'catalog' or 'router'")
-        state = {k: v.float() for k, v in load_file(str(weights)).items()}
+        state = _read_weights(weights)
         if body["format"] == "guard-compact/2" and kind == "catalog":  # its one layer was stored as ``top.*``
             state = {(f"top.0.{k[4:]}" if k.startswith("top.") else k): v for k, v in state.items()}
-        head.load_state_dict(state, strict=True)
+        try:
+            head.load_state_dict(state, strict=True)
+        except RuntimeError as exc:  # another model's weights: names or shapes that do not fit the config
+            raise ValueError(f"{weights} does not hold the weights {root / COMPACT_CONFIG_FILE} describes: {exc}") from None
         head = head.float()
         stack = None
         if isinstance(head, CatalogHead):
@@ -1359,6 +1361,27 @@ class CompactModel:
                 stack = OnnxStack.export(encoder.model, head.top, int8=chosen == "onnx-int8")
         return cls(encoder, head, questions, kind=kind, meta=body.get("meta"),
                    memory_pool=int(body.get("memory_pool", DEFAULT_MEMORY_POOL)), runtime=stack)
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file ``path`` in float32.
+
+    Raises:
+        ValueError: naming ``path``: not a whole safetensors file (truncated, overwritten), or a tensor holding a
+            value that is not finite (the model would answer NaN, or the int8 export fail).
+        FileNotFoundError: no file.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        state = {k: v.float() for k, v in load_file(str(path)).items()}
+    except SafetensorError as exc:
+        raise ValueError(f"{path} is not a readable safetensors file: {exc}") from None
+    bad = [k for k, v in state.items() if not bool(torch.isfinite(v).all())]
+    if bad:
+        raise ValueError(f"{path}: tensors {bad} hold values that are not finite")
+    return state
 
 
 def _check_questions(questions: dict[str, ModelQuestion], layout: Any, path: Path) -> None:

@@ -150,6 +150,41 @@ def test_load_refuses_a_head_whose_rows_do_not_fit_the_questions(tiny_model: Com
         CompactModel.load(root, encoder=encoder, runtime="torch")
 
 
+def _cut_short(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _nan_in_top_layer(path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(path))
+    name = next(k for k in state if k.startswith("top.") and k.endswith("dense.weight"))
+    state[name] = torch.full_like(state[name], float("nan"))
+    save_file(state, str(path))
+
+
+def _another_models(path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({"weight": torch.zeros(3, 3)}, str(path))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [(_cut_short, "is not a readable safetensors file"), (_nan_in_top_layer, "hold values that are not finite"),
+     (_another_models, "does not hold the weights")],
+)
+def test_load_refuses_a_damaged_weights_file_naming_it(tiny_model: CompactModel, tmp_path: Path, encoder: Any,
+                                                       damage: Any, message: str) -> None:
+    """A truncated file, one with NaN weights or another model's raised the reader's, the int8 quantizer's or
+    torch's own errors (``guard proxy`` died with a traceback, exit 1, instead of naming the file, exit 2)."""
+    root = tiny_model.save(tmp_path / "ck")
+    damage(root / compact_model.CATALOG_WEIGHTS_FILE)
+    with pytest.raises(ValueError, match=message) as info:
+        CompactModel.load(root, encoder=encoder, runtime="torch")
+    assert compact_model.CATALOG_WEIGHTS_FILE in str(info.value)
+
+
 def test_a_checkpoint_of_the_one_layer_format_loads_to_the_same_answers(tiny_model: CompactModel, tmp_path: Path,
                                                                         encoder: Any) -> None:
     from safetensors.torch import load_file, save_file
