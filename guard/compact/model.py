@@ -1166,7 +1166,7 @@ class CompactModel:
         question with a :class:`~guard.compact.grounding.Grounding` its stacked answer over the logit of ``true``
         over ``false`` and ``state``'s :func:`~guard.compact.grounding.call_features`."""
         known = self.questions.get(question.id)
-        values = logits[torch.isfinite(logits)].double()
+        values = logits[~torch.isneginf(logits)].double()  # the head's masked options; NaN stays (a malformed answer)
         if known is None:
             return torch.softmax(values, dim=-1).tolist()
         if known.grounding is not None:

@@ -150,6 +150,19 @@ def test_load_refuses_a_head_whose_rows_do_not_fit_the_questions(tiny_model: Com
         CompactModel.load(root, encoder=encoder, runtime="torch")
 
 
+def test_a_model_answering_nan_is_malformed_as_not_finite(tiny_model: CompactModel) -> None:
+    """NaN logits (a broken encoder or head) were dropped with the masked options, so health and the decision log
+    said "2 options but 0 probabilities" instead of naming the NaN."""
+    from guard.errors import MalformedAnswer
+    from guard.systemone import answer_question
+
+    question = CATALOG["guard.prompt_injection"].to_question()
+    logits = torch.tensor([float("nan"), float("nan"), -torch.inf, -torch.inf, -torch.inf])
+    with pytest.raises(MalformedAnswer, match="non-finite probability"):
+        answer_question(question, tiny_model.probabilities(question, logits))
+    assert tiny_model.probabilities(question, torch.tensor([0.0, 0.0, -torch.inf])) == [0.5, 0.5]
+
+
 def _cut_short(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
