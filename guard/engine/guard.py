@@ -679,6 +679,8 @@ class Guard:
             BackendUnavailable: reason ``canary_failed``.
         """
         monitor = self.monitor
+        if monitor is not None:
+            monitor.follow_policies(name)  # a reload since its last canary run: run them for the new questions
         if monitor is not None and name in monitor.canary_failed:
             monitor.suspect(name)  # run the canaries again soon: a backend that recovered is used again
             raise BackendUnavailable(

@@ -186,6 +186,7 @@ class HealthMonitor:
         # backends whose answers this process may have used (stored in a shared cache): one that passed a canary, or
         # finished a run the engine does not refuse it after, or answered a live call
         self._served: set[str] = set()
+        self._views: dict[str, Any] = {}  # the policy version each backend's last run took its canaries from
         guard.monitor = self
 
     async def check(self) -> dict[str, Check]:
@@ -209,7 +210,8 @@ class HealthMonitor:
         lock = self._runs.get(name) or self._runs.setdefault(name, asyncio.Lock())
         async with lock:
             backend = self.guard.backends[name]
-            policies = [p for p in self.guard.policies.policies if self.guard.backend_for(p) is backend]
+            view = self._views[name] = self.guard.policies.view()
+            policies = [p for p in view.policies if self.guard.backend_for(p) is backend]
             canaries = canaries_for(backend, [q.wire.id for p in policies for q in p.questions])
             model = policies[0].model if policies else "canary"  # a System One server answers the models it serves
             failed_before = name in self.canary_failed
@@ -266,6 +268,19 @@ class HealthMonitor:
         sent. Safe from any thread (the sync ``Guard.evaluate`` decides on a thread of its own): the run starts on
         the monitor's loop; nothing happens before the monitor has run once."""
         self._on_loop(self._recheck, name)
+
+    def follow_policies(self, name: str) -> None:
+        """Run backend ``name``'s canaries now when the active policies are not those its last run took them from:
+        a reload may have added a question with a canary, which the broken model would otherwise answer until the
+        next periodic run (never with ``interval_s=0``). Safe from any thread; nothing before the first run."""
+        seen, now = self._views.get(name), self.guard.policies.view()
+        if seen is not None and seen is not now:
+            self._views[name] = now  # one run per change
+            self._on_loop(self._recheck_now, name)
+
+    def _recheck_now(self, name: str) -> None:
+        self._rechecked_at.pop(name, None)
+        self._recheck(name)
 
     def _recheck(self, name: str) -> None:
         running = self._rechecks.get(name)

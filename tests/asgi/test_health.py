@@ -593,3 +593,31 @@ async def test_the_admin_paths_are_read_below_a_root_path(root_path: str, path: 
     await admin_app(guard)(scope, receive, send)
     assert sent[0]["status"] == 200 and sent[1]["body"] == b'{"status":"alive"}'
     await guard.aclose()
+
+
+async def test_a_reload_that_adds_a_question_with_a_canary_runs_it_before_the_next_periodic_run(
+    tmp_path: Path,
+) -> None:
+    """A broken model (it says "no" to everything) behind a policy whose question has no canary passes the start-up
+    run; a reload to the injection question ran no canary until the next periodic run (never with interval 0), so
+    the broken model judged attacks and the gateway stayed ready. The first decision after the reload runs them."""
+    from guard.policy import load_files
+    from guard.subject import HttpSubject
+
+    path = tmp_path / "p.yaml"
+    path.write_text(INJECTION_POLICY.replace("guard.prompt_injection", "guard.refusal"))
+    guard = Guard(load_files(path), backends=ScriptedBackend(lambda request: {}, refuse=["none"]))
+    monitor = HealthMonitor(guard, interval_s=0)
+    await monitor.start()
+    assert monitor.results["default"].code == "no_canary"
+    path.write_text(INJECTION_POLICY)
+    guard.reload()
+    await guard.aevaluate(HttpSubject(method="POST", path="/v1/chat", body=ATTACK, body_text=ATTACK))
+    for _ in range(100):
+        if monitor.results["default"].code != "no_canary":
+            break
+        await asyncio.sleep(0.01)
+    assert monitor.results["default"].code == "canary_failed"
+    assert guard.health()["ready"] is False
+    await monitor.aclose()
+    await guard.aclose()
