@@ -239,7 +239,8 @@ def register(subparsers: Any) -> None:
         type=seconds,
         default=DEFAULT_CANARY_INTERVAL_S,
         metavar="S",
-        help=f"seconds between canary runs of the backend (default {DEFAULT_CANARY_INTERVAL_S:g}; 0: start-up only)",
+        help=f"seconds between canary runs of the backend (default {DEFAULT_CANARY_INTERVAL_S:g}; 0: at start-up "
+        "and after a policy reload only)",
     )
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(handler=run)

@@ -159,7 +159,8 @@ class HealthMonitor:
     Args:
         guard: the :class:`~guard.engine.Guard` whose backends are checked (it reads :attr:`canary_failed` before
             each model call).
-        interval_s: seconds between runs (0: only when :meth:`check` is called, e.g. at start-up).
+        interval_s: seconds between runs (0: only when :meth:`check` is called, e.g. at start-up, and after
+            a policy reload, :meth:`follow_policies`).
         timeout_s: seconds one backend's canaries may take.
 
     Example:
@@ -272,10 +273,11 @@ class HealthMonitor:
     def follow_policies(self, name: str) -> None:
         """Run backend ``name``'s canaries now when the active policies are not those its last run took them from:
         a reload may have added a question with a canary, which the broken model would otherwise answer until the
-        next periodic run (never with ``interval_s=0``). Safe from any thread; nothing before the first run."""
-        seen, now = self._views.get(name), self.guard.policies.view()
-        if seen is not None and seen is not now:
-            self._views[name] = now  # one run per change
+        next periodic run (never with ``interval_s=0``). Safe from any thread; nothing before the first run. The run
+        records the version it reads (:meth:`check_backend`): a decision while one with the older version's canaries
+        still goes on starts none, the first after it does."""
+        seen = self._views.get(name)
+        if seen is not None and seen is not self.guard.policies.view():
             self._on_loop(self._recheck_now, name)
 
     def _recheck_now(self, name: str) -> None:

@@ -4,6 +4,7 @@ a degenerate backend, a reload watcher hit by a reader error), and tells strange
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from pathlib import Path
 from typing import Any
@@ -615,6 +616,41 @@ async def test_a_reload_that_adds_a_question_with_a_canary_runs_it_before_the_ne
     await guard.aevaluate(HttpSubject(method="POST", path="/v1/chat", body=ATTACK, body_text=ATTACK))
     for _ in range(100):
         if monitor.results["default"].code != "no_canary":
+            break
+        await asyncio.sleep(0.01)
+    assert monitor.results["default"].code == "canary_failed"
+    assert guard.health()["ready"] is False
+    await monitor.aclose()
+    await guard.aclose()
+
+
+async def test_a_reload_during_a_canary_run_of_the_policies_before_runs_the_new_ones_after_it(tmp_path: Path) -> None:
+    """A run the older policies' canaries were read for (a failed live call asked for it) was still going on when
+    the reload landed: the first decision after it marked the new version as run and started none, so the model,
+    broken on the question the reload added, was used until the next periodic run (never with interval 0)."""
+    from guard.policy import load_files
+    from guard.subject import HttpSubject
+
+    def injection_only(request: Any) -> dict[str, Any]:  # right on the injection canary, 0.5 on every other
+        return {"guard.prompt_injection": 0.97 if "ignore" in json.dumps(request.state).lower() else 0.03}
+
+    path = tmp_path / "p.yaml"
+    path.write_text(INJECTION_POLICY)
+    guard = Guard(load_files(path), backends=ScriptedBackend(injection_only, delay=0.2))
+    monitor = HealthMonitor(guard, interval_s=0)
+    await monitor.start()
+    monitor.suspect("default")
+    await asyncio.sleep(0.05)  # the run has read the policies before the reload
+    path.write_text(INJECTION_POLICY.replace("{injection: {catalog: guard.prompt_injection}}",
+                                             "{injection: {catalog: guard.prompt_injection}, "
+                                             "harm: {catalog: guard.harmful_request}}"))
+    guard.reload()
+    subject = HttpSubject(method="POST", path="/v1/chat", body="hello", body_text="hello")
+    await guard.aevaluate(subject)  # while that run goes on
+    await asyncio.sleep(0.3)
+    await guard.aevaluate(subject)  # the first after it
+    for _ in range(100):
+        if monitor.results["default"].code != "ok":
             break
         await asyncio.sleep(0.01)
     assert monitor.results["default"].code == "canary_failed"
