@@ -190,14 +190,18 @@ def parse_reviewer_tokens(text: str) -> dict[str, Reviewer]:
         name, sep, rest = entry.partition(":")
         if not entry:
             continue
-        if not sep or not name.strip():  # named by position: the entry may be a bare token
+        # entries are named by position: one may be a bare token, or written token:name
+        if not sep or not name.strip():
             raise ValueError(f"reviewer token entry {number}: expected name:token")
         if name.strip() in out:
-            raise ValueError(f"reviewer {name.strip()!r} is listed twice")
+            raise ValueError(f"reviewer token entry {number}: its name is listed before")
         token, scoped, tenants = rest.partition(":")
         names = frozenset(t.strip() for t in tenants.split("|") if t.strip())
         if scoped and not names:
-            raise ValueError(f"reviewer {name.strip()!r}: an empty tenant list after the token")
+            raise ValueError(f"reviewer token entry {number}: an empty tenant list after the token")
+        if len(token.strip()) < MIN_TOKEN_CHARS:
+            raise ValueError(f"reviewer token entry {number}: the token has {len(token.strip())} characters; at least "
+                             f"{MIN_TOKEN_CHARS} (name:token)")
         out[name.strip()] = Reviewer(token.strip(), names if scoped else None)
     _check_reviewers(out)
     return out

@@ -68,6 +68,15 @@ def test_a_token_is_never_shown_in_an_error_or_a_repr() -> None:
             parse_reviewer_tokens(text)
         assert token[:4] not in str(raised.value)
     assert token not in repr(Reviewer(token, frozenset({"acme"})))
+    written_backwards = {  # token:name, and the same token:name twice
+        f"{token}:alice": "the token has 5 characters",
+        f"bob:{'b' * 16},{token}:{'a' * 16},{token}:{'c' * 16}": "entry 3: its name is listed before",
+        f"{token}:{'a' * 16}:": "entry 1: an empty tenant list",
+    }
+    for text, message in written_backwards.items():
+        with pytest.raises(ValueError, match=message) as raised:
+            parse_reviewer_tokens(text)
+        assert token[:4] not in str(raised.value), str(raised.value)
 
 
 async def test_reviewer_identity_comes_from_the_token(make_guard: GuardFactory, store: ReviewStore) -> None:
