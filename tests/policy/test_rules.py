@@ -269,6 +269,33 @@ def test_matches_compiles_its_pattern_once_so_a_long_list_cannot_hold_the_event_
     assert time.monotonic() - started < 2.0  # a hang bound: about 5 ms now, 15 s before
 
 
+def test_the_patterns_a_request_supplies_are_compiled_once_within_a_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each pattern a request supplies is compiled once, and past ``REQUEST_PROGRAM`` RE2 instructions matches()
+    fails (the policy's fail mode decides): ``\\w{40}0``, 7 characters, takes 30 ms to compile, so a 7 KB body list
+    of such patterns in an ``exists`` held the event loop 10 s; a thousand small patterns still run."""
+    from guard.policy import _re2
+
+    (policy,) = load_text("""
+policies:
+  - id: p
+    version: 1
+    match: {http: {}}
+    state: {patterns: "body:/patterns"}
+    rules: [{id: admin, when: 'state.patterns.exists(p, "admin".matches(p))', action: block}]
+""")
+    compiled, compile = [], _re2._compile
+    monkeypatch.setattr(_re2, "_compile", lambda source, options: compiled.append(source) or compile(source, options))
+    assert rule_of(policy, body={"patterns": ["^user$"] * 1000}).rule == "default"
+    assert compiled == ["^user$"]
+    compiled.clear()
+    assert rule_of(policy, body={"patterns": [f"^user{i}$" for i in range(1000)]}).rule == "default"
+    assert len(compiled) == 1000
+    compiled.clear()
+    with pytest.raises(RuleError, match="function .matches. failed"):
+        rule_of(policy, body={"patterns": [f"\\w{{40}}{i}" for i in range(1000)]})
+    assert len(compiled) < 5
+
+
 @pytest.mark.parametrize(("pattern", "text", "found"), [
     ("\\\\d{3}", "123", True), ("\\\\d{3}", "١٢٣", True), ("\\\\d{3}", "１２３", True),  # \\d \\s \\w are Unicode
     ("(?i)ignore\\\\s+previous", "ignore\u00a0previous", True), ("(?i)ignore\\\\s+previous", "ignore\u3000previous", True),
