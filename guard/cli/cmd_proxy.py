@@ -17,8 +17,8 @@ Redis needs ``$GUARD_STORE_KEY``, the secret that seals what guard writes there.
 The admin listener's ``GET /_guard/health`` is readiness (:mod:`guard.asgi.health`: 200 ``ok`` or ``degraded``, 503
 ``failing`` while no policy is loaded, the backend fails its canaries or refuses the deployment's key or model, or a
 model in this process cannot answer them; an upstream that refuses or times out and a remote backend that cannot be
-reached are ``degraded``, still 200; codes only, the details for a reviewer token). The backend's canaries (:mod:`guard.backends.selftest`) run at start-up and every
-``--canary-interval`` seconds; while they fail the backend gets no model calls and each policy's fail mode decides. A
+reached are ``degraded``, still 200; codes only, the details for a reviewer token). The backend's canaries (:mod:`guard.backends.selftest`) run at start-up, every
+``--canary-interval`` seconds and at the first decision after a policy reload; while they fail the backend gets no model calls and each policy's fail mode decides. A
 System One server started with ``--api-keys-env`` gets the key in ``$GUARD_BACKEND_API_KEY``.
 
 Two listeners, one process: ``--listen`` carries the proxied traffic (and the clients' ``/_guard/reviews/<id>``

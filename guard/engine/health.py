@@ -8,7 +8,7 @@
   which decides; without a monitor (or canaries) :func:`call_severity` says which failures no request causes
   (refused, a server error, a malformed answer, a raising model, a revoked key) and those are ``failing``.
 * :class:`HealthMonitor`: runs each backend's canaries (:mod:`guard.backends.selftest`), fixed states no client
-  chooses, at start-up and every ``interval_s`` seconds; a backend whose canary fails is ``canary_failed`` and the
+  chooses, at start-up, every ``interval_s`` seconds and at the first decision after a policy reload; a backend whose canary fails is ``canary_failed`` and the
   engine refuses its answers (``BackendUnavailable``, ``reason="canary_failed"``: the policy's fail mode decides)
   until a run passes; one that cannot answer them (down, an error; not busy) is ``unreachable`` until a run or a
   live call succeeds (failing for a model in this process, degraded for a remote one every replica shares); one that answers them too late is ``canary_timed_out`` (degraded: perhaps a flood of slow
