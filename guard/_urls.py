@@ -127,7 +127,8 @@ def shown_url(url: str) -> str:
     (:func:`password_unclear`: a URL parser would read part of it as host, path, query or fragment, so no part of the
     URL is shown), or when its port is not a number from 0 to 65535 (``redis://user:password``, the ``@`` and host
     left out: the password is read as the port); ``[hidden]`` when it has an ``@`` but no ``scheme://``
-    (``user:password@host``: no userinfo to drop); ``[unparsable URL]`` when :func:`urllib.parse.urlsplit` refuses what is left."""
+    (``user:password@host``: no userinfo to drop); ``[unparsable URL]`` when :func:`urllib.parse.urlsplit` refuses
+    what is left."""
     parts = _split(url)
     if (parts is None or not _SCHEME.fullmatch(parts[0])) and "@" in url:
         return "[hidden]"

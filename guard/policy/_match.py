@@ -222,6 +222,7 @@ class HttpMatcher:
             return False
         return _headers_match(self.headers, subject.headers, subject.repeated_headers)
 
+
 #: The agent events that name a tool: a ``match.agent.tools`` list matches only these.
 TOOL_EVENTS = frozenset({"tool_call", "tool_result"})
 
