@@ -11,8 +11,8 @@
   alone releases nothing.
 * The digest also covers everything the matching policy read besides method, path, query and body
   (:attr:`guard.policy.Policy.http_reads`): the values of the headers its state and rules read (every header but
-  :data:`UNBOUND_HEADERS` when a rule reads ``subject.headers`` other than by a literal name), the client address
-  when it is read, and the tenant; ``Content-Type`` and ``Content-Encoding`` always (:data:`BODY_HEADERS`: they
+  :data:`~guard.asgi._subject.UNBOUND_HEADERS` when a rule reads ``subject.headers`` other than by a literal name),
+  the client address when it is read, and the tenant; ``Content-Type`` and ``Content-Encoding`` always (:data:`BODY_HEADERS`: they
   say how the body is read). A request approved with ``x-customer-tier: premium`` and resent with ``free``
   is a 409, never released.
 * An escalation beside another enforced policy's ``redact`` carries that policy's spans (``verdict.redactions``):
@@ -60,7 +60,7 @@ from guard.asgi._responses import (
 )
 from guard.asgi._subject import (
     METHOD_OVERRIDE_HEADERS,
-    SENSITIVE_HEADERS,
+    UNBOUND_HEADERS,
     ClientHeader,
     client_address,
     header_map,
@@ -86,7 +86,7 @@ from guard.verdict import Redaction, Verdict
 
 logger = logging.getLogger("guard.asgi")
 
-__all__ = ["RELEASE_TOKEN_HEADER", "REVIEW_HEADER", "UNBOUND_HEADERS", "ClientReviewEndpoints", "content_digest",
+__all__ = ["RELEASE_TOKEN_HEADER", "REVIEW_HEADER", "ClientReviewEndpoints", "content_digest",
            "hold", "release_on_resend"]
 
 REVIEW_HEADER = "x-guard-review-id"
@@ -94,12 +94,6 @@ RELEASE_TOKEN_HEADER = "x-guard-release-token"
 DEFAULT_REVIEW_MESSAGE = "The request is held for review."
 STORE_RETRY_AFTER_S = 5
 _RELEASE_BODY_LIMIT = 64 * 1024
-UNBOUND_HEADERS = SENSITIVE_HEADERS | {
-    b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"te", b"upgrade", b"expect",
-    b"x-guard-review-id", b"x-guard-release-token",
-}
-"""Headers a release digest never takes from "every header": framing, and the credentials and review headers
-that are bound on their own."""
 BODY_HEADERS = ("content-type", "content-encoding")
 """Headers every release digest binds, whatever the policy names: they say how the body's bytes are read (JSON,
 a form, multipart; compressed or not), so the same bytes resent as another type would reach the application as
@@ -140,7 +134,7 @@ def binding(reads: HttpReads) -> dict[str, Any]:
 def _read_values(headers: Sequence[tuple[bytes, bytes]], bound: dict[str, Any], client: str | None,
                  tenant: str | None) -> list[bytes]:
     """The values the policy read: each bound header and :data:`BODY_HEADERS` (all its values, in order; absent is
-    not empty), or every header but :data:`UNBOUND_HEADERS`; the client when bound; the tenant."""
+    not empty), or every header but :data:`~guard.asgi._subject.UNBOUND_HEADERS`; the client when bound; the tenant."""
     names: list[str] | None = bound.get("headers")
     if names is None:
         values = sorted(b"%s:%s" % (k.lower(), v) for k, v in headers if k.lower() not in UNBOUND_HEADERS)

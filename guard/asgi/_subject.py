@@ -17,7 +17,13 @@ from guard._headers import host_name
 from guard._readable import INVISIBLE
 from guard.asgi._body_view import shown_body
 from guard.asgi._media import media_type
-from guard.engine.telemetry import credential_header, credential_name, credential_value, redact_secrets
+from guard.engine.telemetry import (
+    CREDENTIAL_HEADERS,
+    credential_header,
+    credential_name,
+    credential_value,
+    redact_secrets,
+)
 from guard.errors import BodyError
 from guard.subject import HttpSubject
 
@@ -25,6 +31,7 @@ __all__ = [
     "METHOD_OVERRIDE_HEADERS",
     "SENSITIVE_HEADERS",
     "SINGLE_VALUE_HEADERS",
+    "UNBOUND_HEADERS",
     "ClientHeader",
     "client_address",
     "forwarded_hosts",
@@ -39,7 +46,7 @@ __all__ = [
     "with_body",
 ]
 
-SENSITIVE_HEADERS = frozenset({b"authorization", b"cookie", b"proxy-authorization", b"x-api-key"})
+SENSITIVE_HEADERS = frozenset(name.encode("latin-1") for name in CREDENTIAL_HEADERS)
 """Credentials a review item never stores: a release takes them from the releasing request instead."""
 
 
@@ -49,17 +56,12 @@ def is_credential(name: bytes) -> bool:
     return credential_header(name.decode("latin-1"))
 
 
-_NOT_HELD = SENSITIVE_HEADERS | {
-    b"content-length",
-    b"transfer-encoding",
-    b"connection",
-    b"keep-alive",
-    b"te",
-    b"upgrade",
-    b"expect",
-    b"x-guard-review-id",
-    b"x-guard-release-token",
+UNBOUND_HEADERS = SENSITIVE_HEADERS | {
+    b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"te", b"upgrade", b"expect",
+    b"x-guard-review-id", b"x-guard-release-token",
 }
+"""Headers a held request never stores and a release digest never takes from "every header": framing, and the
+credentials and review headers that are bound on their own."""
 
 
 METHOD_OVERRIDE_HEADERS = frozenset({"x-http-method-override", "x-http-method", "x-method-override"})
@@ -406,7 +408,7 @@ def shown_headers(subject: HttpSubject) -> dict[str, str]:
     ``x-functions-key`` too), and the request's secret values are replaced by ``[redacted]`` wherever a header
     repeats them (:func:`redact_secrets`)."""
     held = [(name, value) for name, value in subject.headers.items()
-            if name.encode("latin-1") not in _NOT_HELD and not is_credential(name.encode("latin-1"))]
+            if name.encode("latin-1") not in UNBOUND_HEADERS and not is_credential(name.encode("latin-1"))]
     # secrets from the credential headers and credential-named ones only: the log's rule that any long header value
     # may be one would hide the very values (x-role: organization-admin) the reviewer approves
     credentials = {name: value for name, value in subject.headers.items() if is_credential(name.encode("latin-1"))}
@@ -446,7 +448,7 @@ def held_request(scope: Scope, body: bytes, bound: dict[str, Any]) -> dict[str, 
         "query_string": scope.get("query_string", b"").decode("latin-1"),
         "headers": [
             [k.decode("latin-1"), v.decode("latin-1")] for k, v in scope["headers"]
-            if k.lower() not in _NOT_HELD and not is_credential(k)
+            if k.lower() not in UNBOUND_HEADERS and not is_credential(k)
         ],
         "body_b64": base64.b64encode(body).decode("ascii"),
     }
