@@ -184,6 +184,15 @@ async def test_a_backend_whose_canary_answer_is_malformed_is_failing() -> None:
         await _canary_fails_with(error)
 
 
+async def _code_after(monitor: HealthMonitor, code: str) -> str:
+    """The default backend's canary result once it is no longer ``code`` (or ``code``, after a second)."""
+    for _ in range(100):
+        if monitor.results["default"].code != code:
+            break
+        await asyncio.sleep(0.01)
+    return monitor.results["default"].code
+
+
 async def _canary_fails_with(error: Exception) -> None:
     from guard.policy import load_text
 
@@ -614,11 +623,7 @@ async def test_a_reload_that_adds_a_question_with_a_canary_runs_it_before_the_ne
     path.write_text(INJECTION_POLICY)
     guard.reload()
     await guard.aevaluate(HttpSubject(method="POST", path="/v1/chat", body=ATTACK, body_text=ATTACK))
-    for _ in range(100):
-        if monitor.results["default"].code != "no_canary":
-            break
-        await asyncio.sleep(0.01)
-    assert monitor.results["default"].code == "canary_failed"
+    assert await _code_after(monitor, "no_canary") == "canary_failed"
     assert guard.health()["ready"] is False
     await monitor.aclose()
     await guard.aclose()
@@ -649,11 +654,7 @@ async def test_a_reload_during_a_canary_run_of_the_policies_before_runs_the_new_
     await guard.aevaluate(subject)  # while that run goes on
     await asyncio.sleep(0.3)
     await guard.aevaluate(subject)  # the first after it
-    for _ in range(100):
-        if monitor.results["default"].code != "ok":
-            break
-        await asyncio.sleep(0.01)
-    assert monitor.results["default"].code == "canary_failed"
+    assert await _code_after(monitor, "ok") == "canary_failed"
     assert guard.health()["ready"] is False
     await monitor.aclose()
     await guard.aclose()
